@@ -1,0 +1,78 @@
+// The 4D grid over MPI: the rank arithmetic, the node topology, and one Communicator per axis
+// and per combination of axes (15 of them, each made with one MPI_Comm_split).
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fourd/communicator.hpp"
+#include "fourd/cost_model.hpp"
+#include "fourd/process_grid.hpp"
+#include "fourd/topology.hpp"
+
+namespace fourd {
+
+struct GridConfig {
+  std::array<int, kNumAxes> sizes{1, 1, 1, 1};  ///< indexed by Axis
+  std::string order = "x-y-z-data";             ///< innermost first
+  int ranksPerNode = 0;          ///< > 0: virtual nodes of this many consecutive world ranks
+  double timeoutSeconds = 300.0; ///< default deadline of every wait
+  bool debug = false;            ///< compare every collective's fingerprint across its group
+  bool abortOnTimeout = false;   ///< MPI_Abort the job on a timeout
+};
+
+class Grid {
+ public:
+  /// Collective over `parent`. Every rank must pass the same config: the ranks compare a
+  /// fingerprint of it first and all raise MismatchError (or the invalid rank's
+  /// InvalidArgument) otherwise, never hang. Requires MPI_THREAD_MULTIPLE.
+  Grid(MPI_Comm parent, const GridConfig& config);
+  ~Grid();
+  Grid(const Grid&) = delete;
+  Grid& operator=(const Grid&) = delete;
+
+  const ProcessGrid& processGrid() const noexcept { return grid_; }
+  const Topology& topology() const noexcept { return *topology_; }
+  const GridConfig& config() const noexcept { return config_; }
+  int worldRank() const noexcept { return worldRank_; }
+  int worldSize() const noexcept { return grid_.worldSize(); }
+  /// Host name of every world rank (MPI_Get_processor_name).
+  const std::vector<std::string>& hostNames() const noexcept { return hosts_; }
+  bool virtualTopology() const noexcept { return config_.ranksPerNode > 0; }
+
+  /// The communicator of my group along `mask` (1..15). Throws InvalidArgument for mask 0.
+  Communicator& communicator(AxisMask mask);
+
+  /// The cost-model profile `auto` uses (identical on every rank).
+  const MachineProfile& profile() const noexcept;
+  /// Replaces the profile (must be called identically on every rank).
+  void setProfile(const MachineProfile& p);
+
+  /// Waits for operations in flight (deadline), stops progress threads, frees communicators.
+  /// Returns false if some operation did not finish in time. Idempotent; never throws.
+  bool finalize(double timeoutSeconds) noexcept;
+  bool finalized() const noexcept { return finalized_; }
+
+ private:
+  GridConfig config_;
+  ProcessGrid grid_;
+  std::unique_ptr<Topology> topology_;
+  int worldRank_ = 0;
+  MPI_Comm world_ = MPI_COMM_NULL;  // our own duplicate of the parent
+  std::vector<std::string> hosts_;
+  std::array<std::unique_ptr<Communicator>, 16> comms_;
+  std::shared_ptr<MachineProfile> profile_;
+  // The slot every CommState reads the profile from (swapped by setProfile).
+  std::unique_ptr<std::shared_ptr<const MachineProfile>> profileHolder_;
+  bool finalized_ = false;
+};
+
+/// "fourd 0.1.0, MPI: <library version>, CUDA: yes/no".
+std::string buildInfo();
+std::string mpiLibraryVersion();
+
+}  // namespace fourd

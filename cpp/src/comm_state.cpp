@@ -1,0 +1,73 @@
+#include "internal/comm_state.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "fourd/error.hpp"
+
+namespace fourd::detail {
+
+CommState::CommState(std::string n, AxisMask m, std::unique_ptr<MpiComm> comm, GroupTopology t,
+                     std::shared_ptr<const MachineProfile>* p)
+    : name(std::move(n)), mask(m), mpi(std::move(comm)), topo(std::move(t)), profile(p) {}
+
+CommState::~CommState() = default;
+
+void CommState::Aligned::operator()(void* p) const noexcept { std::free(p); }
+
+void* CommState::scratch(int slot, size_t bytes) {
+  if (bytes > scratchBytes_[slot]) {
+    size_t cap = 64;
+    while (cap < bytes) cap *= 2;
+    void* p = std::aligned_alloc(64, cap);
+    if (!p) throw Error("fourd: out of memory allocating " + std::to_string(cap) + " scratch bytes");
+    scratch_[slot].reset(p);
+    scratchBytes_[slot] = cap;
+  }
+  return scratch_[slot].get();
+}
+
+MpiComm& CommState::intra(OpContext& ctx) {
+  if (!intra_) {
+    const int me = rank();
+    intra_.reset(mpi->split(topo.nodeIndex[me], me, ctx));
+  }
+  return *intra_;
+}
+
+MpiComm& CommState::rail(OpContext& ctx) {
+  if (!rail_) {
+    const int me = rank();
+    rail_.reset(mpi->split(topo.localIndex[me], topo.nodeIndex[me], ctx));
+  }
+  return *rail_;
+}
+
+bool CommState::intraSharesMemory(OpContext& ctx) {
+  if (sharesMemory_ < 0) {
+    MpiComm& in = intra(ctx);
+    MPI_Comm shared;
+    checkMpi(MPI_Comm_split_type(in.handle(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared),
+             "MPI_Comm_split_type");
+    int n = 0;
+    MPI_Comm_size(shared, &n);
+    MPI_Comm_free(&shared);
+    // Every member must agree, or some would try the shared window and others not.
+    int mine = n == in.size() ? 1 : 0, all = 0;
+    MPI_Request r;
+    checkMpi(MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_MIN, in.handle(), &r), "MPI_Iallreduce");
+    in.wait(&r, 1, nullptr, ctx);
+    sharesMemory_ = all;
+  }
+  return sharesMemory_ == 1;
+}
+
+void CommState::poison(const std::string& why) {
+  std::lock_guard<std::mutex> lk(poisonMu);
+  if (!poisoned.load()) {
+    poisonReason = why;
+    poisoned.store(true);
+  }
+}
+
+}  // namespace fourd::detail

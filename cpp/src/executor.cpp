@@ -1,0 +1,109 @@
+// The progress engine: one thread per communicator, created at the first asynchronous call.
+// Blocking calls run inline on the caller's thread when the communicator is idle, so they cost
+// what the algorithm costs and no thread hand-off.
+#include <chrono>
+
+#include "internal/comm_state.hpp"
+
+namespace fourd::detail {
+
+namespace {
+void runBody(const std::shared_ptr<Work>& w) {
+  std::exception_ptr err;
+  try {
+    if (w->body) w->body();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  w->markCompleted(err);
+}
+}  // namespace
+
+Executor::~Executor() {
+  std::unique_lock<std::mutex> lk(mu_);
+  const bool idle = queue_.empty() && !busy_;
+  stop_ = true;
+  cv_.notify_all();
+  lk.unlock();
+  if (thread_.joinable()) {
+    if (idle) thread_.join();
+    else thread_.detach();  // only reached when the owner chose to leak a stuck communicator
+  }
+}
+
+void Executor::submit(const std::shared_ptr<Work>& w) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    queue_.push_back(w);
+    if (!thread_.joinable()) {
+      stop_ = false;
+      thread_ = std::thread([this] { loop(); });
+    }
+  }
+  cv_.notify_one();
+}
+
+bool Executor::runInlineIfIdle(const std::shared_ptr<Work>& w) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (busy_ || !queue_.empty()) {
+      queue_.push_back(w);
+      if (!thread_.joinable()) {
+        stop_ = false;
+        thread_ = std::thread([this] { loop(); });
+      }
+      cv_.notify_one();
+      return false;
+    }
+    busy_ = true;
+  }
+  runBody(w);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    busy_ = false;
+  }
+  cv_.notify_all();
+  idleCv_.notify_all();
+  return true;
+}
+
+void Executor::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (true) {
+    cv_.wait(lk, [&] { return stop_ || (!queue_.empty() && !busy_); });
+    if (queue_.empty() || busy_) {
+      if (stop_) break;
+      continue;
+    }
+    auto w = queue_.front();
+    queue_.pop_front();
+    busy_ = true;
+    lk.unlock();
+    runBody(w);
+    w.reset();
+    lk.lock();
+    busy_ = false;
+    idleCv_.notify_all();
+    cv_.notify_all();
+  }
+}
+
+size_t Executor::inFlight() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return queue_.size() + (busy_ ? 1 : 0);
+}
+
+bool Executor::drain(double timeoutSeconds) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const bool idle = idleCv_.wait_for(lk, std::chrono::duration<double>(timeoutSeconds),
+                                     [&] { return queue_.empty() && !busy_; });
+  if (!idle) return false;  // still running: the owner decides (Grid leaks the communicator)
+  stop_ = true;
+  cv_.notify_all();
+  if (!thread_.joinable()) return true;
+  lk.unlock();
+  thread_.join();
+  return true;
+}
+
+}  // namespace fourd::detail

@@ -1,0 +1,271 @@
+// Grid construction: agreement check, topology discovery, one MPI_Comm_split per axis mask.
+#include "fourd/grid.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "fourd/error.hpp"
+#include "internal/comm_state.hpp"
+
+namespace fourd {
+
+using detail::checkMpi;
+using detail::Clock;
+using detail::OpContext;
+
+namespace {
+
+constexpr size_t kFingerprintBytes = 512;
+
+OpContext initContext(double timeout, const std::vector<int>* ranks) {
+  OpContext ctx;
+  ctx.op = "init";
+  ctx.axis = "world";
+  ctx.groupWorldRanks = ranks;
+  ctx.timeoutSeconds = timeout;
+  ctx.start = Clock::now();
+  ctx.deadline = ctx.start + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(timeout));
+  return ctx;
+}
+
+std::string describeConfig(const GridConfig& c) {
+  std::ostringstream os;
+  os << "x=" << c.sizes[0] << ", y=" << c.sizes[1] << ", z=" << c.sizes[2]
+     << ", data=" << c.sizes[3] << ", order=" << c.order << ", ranks_per_node="
+     << (c.ranksPerNode > 0 ? std::to_string(c.ranksPerNode) : std::string("None"));
+  return os.str();
+}
+
+std::array<int, kNumAxes> validated(const GridConfig& c, int worldSize, std::string* err) {
+  for (int i = 0; i < kNumAxes; ++i) {
+    if (c.sizes[i] < 1) {
+      *err = std::string(axisName(static_cast<Axis>(i))) + ": expected a grid size >= 1, found " +
+             std::to_string(c.sizes[i]);
+      return c.sizes;
+    }
+  }
+  long long prod = 1;
+  for (int s : c.sizes) prod *= s;
+  if (prod != worldSize) {
+    *err = "grid: expected x*y*z*data to equal the world size " + std::to_string(worldSize) +
+           ", found " + std::to_string(c.sizes[0]) + "*" + std::to_string(c.sizes[1]) + "*" +
+           std::to_string(c.sizes[2]) + "*" + std::to_string(c.sizes[3]) + " = " +
+           std::to_string(prod);
+    return c.sizes;
+  }
+  try {
+    ProcessGrid::parseOrder(c.order);
+  } catch (const InvalidArgument& e) {
+    *err = e.what();
+  }
+  if (c.ranksPerNode < 0) {
+    *err = "ranks_per_node: expected None or an integer >= 1, found " +
+           std::to_string(c.ranksPerNode);
+  }
+  if (!(c.timeoutSeconds > 0)) {
+    *err = "timeout: expected a positive number of seconds, found " +
+           std::to_string(c.timeoutSeconds);
+  }
+  return c.sizes;
+}
+
+MachineProfile defaultProfile(int ranksPerNode) {
+  // Conservative figures for ranks of one shared-memory CPU node; `auto` is recalibrated by
+  // fourd.calibrate() / a profile file (see docs/algorithms.md).
+  MachineProfile p;
+  p.name = "default-cpu";
+  p.ranksPerNode = ranksPerNode;
+  p.intraAlpha = 2e-6;
+  p.intraBw = 5e9;
+  p.interAlpha = 20e-6;
+  p.nicBw = 0.5e9;
+  p.nicsPerNode = 1;
+  p.reduceBw = 4e9;
+  p.memcpyBw = 6e9;
+  return p;
+}
+
+}  // namespace
+
+Grid::Grid(MPI_Comm parent, const GridConfig& config)
+    : config_(config),
+      grid_({1, 1, 1, 1}, {Axis::kX, Axis::kY, Axis::kZ, Axis::kData}) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw Error("fourd: MPI is not initialised (import mpi4py.MPI first)");
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw Error(
+        "fourd: needs MPI_THREAD_MULTIPLE (its progress threads call MPI), but MPI was "
+        "initialised with thread level " + std::to_string(provided) +
+        ". With mpi4py keep the default mpi4py.rc.thread_level = 'multiple'; in C++ call "
+        "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...).");
+  }
+  int worldSize = 0;
+  checkMpi(MPI_Comm_size(parent, &worldSize), "MPI_Comm_size");
+  checkMpi(MPI_Comm_rank(parent, &worldRank_), "MPI_Comm_rank");
+  std::vector<int> identity(worldSize);
+  for (int i = 0; i < worldSize; ++i) identity[i] = i;
+
+  // Our own duplicate, so fourd's traffic never mixes with the user's (non-blocking, so a rank
+  // that never calls init makes the others time out instead of hanging).
+  MPI_Request req;
+  checkMpi(MPI_Comm_idup(parent, &world_, &req), "MPI_Comm_idup");
+  auto worldComm = std::make_unique<detail::MpiComm>(world_, false, identity);
+  OpContext ctx = initContext(config_.timeoutSeconds > 0 ? config_.timeoutSeconds : 300.0, &identity);
+  worldComm->wait(&req, 1, nullptr, ctx);
+  worldComm = std::make_unique<detail::MpiComm>(world_, false, identity);
+
+  // 1. Every rank must ask for the same grid. Compare before anything else can diverge.
+  std::string err;
+  validated(config_, worldSize, &err);
+  char mine[kFingerprintBytes] = {0};
+  std::snprintf(mine, sizeof(mine), "%s|%s", describeConfig(config_).c_str(),
+                err.empty() ? "ok" : "invalid");
+  std::vector<char> all(kFingerprintBytes * worldSize);
+  worldComm->allGatherBytes(mine, kFingerprintBytes, all.data(), ctx);
+  if (!err.empty()) {
+    MPI_Comm_free(&world_);
+    throw InvalidArgument(err + " (on world rank " + std::to_string(worldRank_) + ")");
+  }
+  std::vector<int> bad;
+  for (int r = 0; r < worldSize; ++r)
+    if (std::strncmp(&all[r * kFingerprintBytes], mine, kFingerprintBytes) != 0) bad.push_back(r);
+  if (!bad.empty()) {
+    std::ostringstream os;
+    os << "fourd.init: the ranks asked for different grids. This rank (world rank " << worldRank_
+       << ") asked for " << describeConfig(config_) << "; ";
+    for (size_t i = 0; i < bad.size() && i < 8; ++i) {
+      std::string theirs(&all[bad[i] * kFingerprintBytes]);
+      const bool invalid = theirs.size() > 8 && theirs.substr(theirs.size() - 8) == "|invalid";
+      os << (i ? "; " : "") << "world rank " << bad[i] << " asked for "
+         << theirs.substr(0, theirs.rfind('|')) << (invalid ? " (invalid there)" : "");
+    }
+    if (bad.size() > 8) os << "; ... (" << bad.size() << " ranks differ)";
+    MPI_Comm_free(&world_);
+    throw MismatchError(os.str());
+  }
+
+  grid_ = ProcessGrid(config_.sizes, ProcessGrid::parseOrder(config_.order));
+
+  // 2. Topology: the real nodes (shared-memory domains), or virtual nodes.
+  if (config_.ranksPerNode > 0) {
+    topology_ = std::make_unique<Topology>(Topology::fromRanksPerNode(worldSize, config_.ranksPerNode));
+  } else {
+    MPI_Comm node;
+    checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &node),
+             "MPI_Comm_split_type");
+    int leader = worldRank_;
+    MPI_Request r;
+    checkMpi(MPI_Ibcast(&leader, 1, MPI_INT, 0, node, &r), "MPI_Ibcast");
+    {
+      detail::MpiComm nodeComm(node, true, {});
+      nodeComm.wait(&r, 1, nullptr, ctx);
+    }
+    std::vector<int> nodeOf(worldSize);
+    MPI_Request r2;
+    checkMpi(MPI_Iallgather(&leader, 1, MPI_INT, nodeOf.data(), 1, MPI_INT, world_, &r2),
+             "MPI_Iallgather");
+    worldComm->wait(&r2, 1, nullptr, ctx);
+    topology_ = std::make_unique<Topology>(nodeOf);
+  }
+
+  // 3. Host names for placement tables.
+  char host[MPI_MAX_PROCESSOR_NAME + 1] = {0};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  std::vector<char> hosts(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME + 1) * worldSize);
+  worldComm->allGatherBytes(host, MPI_MAX_PROCESSOR_NAME + 1, hosts.data(), ctx);
+  for (int r = 0; r < worldSize; ++r) hosts_.emplace_back(&hosts[(MPI_MAX_PROCESSOR_NAME + 1) * r]);
+
+  // 4. The cost-model profile: identical on every rank by construction (rank 0's).
+  int maxPerNode = 1;
+  for (int n = 0; n < topology_->numNodes(); ++n)
+    maxPerNode = std::max(maxPerNode, topology_->ranksOnNode(n));
+  profile_ = std::make_shared<MachineProfile>(defaultProfile(maxPerNode));
+
+  // 5. One split per axis mask; the key orders each group as the grid does.
+  auto* profileSlot = new std::shared_ptr<const MachineProfile>(profile_);
+  profileHolder_.reset(profileSlot);
+  for (AxisMask m = 1; m <= kWorldMask; ++m) {
+    MPI_Comm c;
+    checkMpi(MPI_Comm_split(world_, grid_.groupColor(worldRank_, m), grid_.groupRank(worldRank_, m), &c),
+             "MPI_Comm_split");
+    auto ranks = grid_.groupRanks(worldRank_, m);
+    auto topo = topology_->group(ranks);
+    auto mpi = std::make_unique<detail::MpiComm>(c, true, ranks);
+    auto state = std::make_unique<detail::CommState>(maskName(m), m, std::move(mpi), topo, profileSlot);
+    state->defaultTimeout = config_.timeoutSeconds;
+    state->debug = config_.debug;
+    state->abortOnTimeout = config_.abortOnTimeout;
+    comms_[m] = std::make_unique<Communicator>(std::move(state));
+  }
+}
+
+Grid::~Grid() { finalize(0.0); }
+
+Communicator& Grid::communicator(AxisMask mask) {
+  if (finalized_) throw AbortedError("fourd: the grid was finalized; call fourd.init again");
+  if (mask == 0 || mask > kWorldMask) {
+    throw InvalidArgument("axis: expected a non-empty set of the axes x, y, z, data");
+  }
+  return *comms_[mask];
+}
+
+const MachineProfile& Grid::profile() const noexcept { return *profile_; }
+
+void Grid::setProfile(const MachineProfile& p) {
+  profile_ = std::make_shared<MachineProfile>(p);
+  *profileHolder_ = profile_;
+}
+
+bool Grid::finalize(double timeoutSeconds) noexcept {
+  if (finalized_) return true;
+  finalized_ = true;
+  bool ok = true;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeoutSeconds));
+  for (auto& c : comms_) {
+    if (!c) continue;
+    const double left = std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
+    if (!c->drain(left)) {
+      ok = false;
+      // An operation is still running on its progress thread: leak the communicator rather
+      // than free memory that thread still uses.
+      (void)c.release();
+    }
+  }
+  int finalizedMpi = 0;
+  MPI_Finalized(&finalizedMpi);
+  if (ok) {
+    for (auto& c : comms_) c.reset();
+    if (!finalizedMpi && world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
+  }
+  world_ = MPI_COMM_NULL;
+  return ok;
+}
+
+std::string mpiLibraryVersion() {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  std::string s(v, len);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\0')) s.pop_back();
+  return s;
+}
+
+std::string buildInfo() {
+  std::ostringstream os;
+  os << "fourd " << FOURD_VERSION;
+#ifdef FOURD_HAVE_CUDA
+  os << ", CUDA/NCCL: compiled in";
+#else
+  os << ", CUDA/NCCL: not compiled in";
+#endif
+  return os.str();
+}
+
+}  // namespace fourd

@@ -1,0 +1,47 @@
+// What every wait inside an operation needs: the deadline, and the words for its error message.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fourd::detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// One operation in flight. Built by Communicator when the operation starts running.
+struct OpContext {
+  std::string op;                 ///< "all_reduce", "all_gather", ...
+  std::string axis;               ///< "x", "z+data", "world"
+  std::string algorithm;          ///< "flat", "ring", ...
+  uint64_t seq = 0;               ///< per-communicator sequence number (1, 2, ...)
+  const std::vector<int>* groupWorldRanks = nullptr;  ///< world rank of each group rank
+  Clock::time_point start;
+  Clock::time_point deadline;
+  double timeoutSeconds = 300.0;
+  int tag = 0;                    ///< MPI tag for this operation's point-to-point messages
+
+  /// "all_reduce on axis 'x' (group of world ranks [0, 1], seq 5, algorithm ring)".
+  std::string describe() const;
+  double elapsed() const;
+};
+
+/// Called about every 20 ms from every wait loop on the thread that waits. Returns true when
+/// the wait must stop (Ctrl-C). The Python binding installs one that checks for signals on the
+/// main thread; the default never interrupts.
+using InterruptCheck = bool (*)();
+void setInterruptCheck(InterruptCheck fn) noexcept;
+bool interruptRequested() noexcept;
+
+/// A polite spin: after a few hundred polls the waiting thread yields its core, so that
+/// oversubscribed ranks (more ranks than cores) still make progress.
+class Backoff {
+ public:
+  void pause() noexcept;
+
+ private:
+  unsigned spins_ = 0;
+};
+
+}  // namespace fourd::detail

@@ -1,0 +1,42 @@
+#include "fourd/work.hpp"
+
+#include <chrono>
+
+namespace fourd {
+
+bool Work::isCompleted() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_;
+}
+
+bool Work::wait(double timeoutSeconds) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (timeoutSeconds < 0) {
+    cv_.wait(lk, [&] { return done_; });
+  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeoutSeconds),
+                           [&] { return done_; })) {
+    return false;
+  }
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+std::exception_ptr Work::error() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return error_;
+}
+
+void Work::markCompleted(std::exception_ptr error) noexcept {
+  std::shared_ptr<void> release;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    done_ = true;
+    error_ = error;
+    body = nullptr;
+    release.swap(keepAlive_);
+  }
+  cv_.notify_all();
+  // `release` drops the kept-alive buffers here, after waiters were woken.
+}
+
+}  // namespace fourd

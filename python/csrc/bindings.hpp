@@ -1,0 +1,14 @@
+// Shared declarations of the binding sources: module.cpp calls one register_<area>() per file.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace fourd_py {
+
+void register_errors(pybind11::module_& m);
+void register_grid(pybind11::module_& m);
+
+}  // namespace fourd_py
+
+// Defined in cost_model.cpp (global namespace).
+__attribute__((weak)) void register_cost_model(pybind11::module_& m);  // TEMP weak until cost_model.cpp lands

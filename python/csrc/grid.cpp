@@ -1,0 +1,285 @@
+// Bindings of Grid, Communicator and Work. Buffers cross as integers (address, element count,
+// dtype code, device): the extension never links libtorch, so one build serves every torch.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pythread.h>
+
+#include <mpi.h>
+
+#include "bindings.hpp"
+#include "fourd/error.hpp"
+#include "fourd/grid.hpp"
+#include "internal/op_context.hpp"
+
+namespace py = pybind11;
+using fourd::Buffer;
+using fourd::CallOptions;
+using fourd::Communicator;
+using fourd::DataType;
+using fourd::DeviceType;
+using fourd::Grid;
+using fourd::Work;
+
+namespace fourd_py {
+
+namespace {
+
+unsigned long gMainThread = 0;
+
+bool isFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// Installed as fourd's interrupt check: on the main thread, run Python's signal handlers; a
+// pending KeyboardInterrupt stops the wait (the caller re-raises it).
+bool pyInterruptCheck() {
+  if (!Py_IsInitialized() || isFinalizing()) return false;
+  if (PyThread_get_thread_ident() != gMainThread) return false;
+  PyGILState_STATE st = PyGILState_Ensure();
+  const int r = PyErr_CheckSignals();
+  PyGILState_Release(st);
+  return r != 0;
+}
+
+// Runs `f` with the GIL released; re-raises a pending Python error (KeyboardInterrupt) first.
+template <class F>
+auto released(F&& f) -> decltype(f()) {
+  std::exception_ptr err;
+  decltype(f()) result{};
+  {
+    py::gil_scoped_release rel;
+    try {
+      result = f();
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  if (err) {
+    if (PyErr_Occurred()) throw py::error_already_set();
+    std::rethrow_exception(err);
+  }
+  return result;
+}
+
+std::shared_ptr<void> keepAlive(py::object o) {
+  if (o.is_none()) return nullptr;
+  PyObject* p = o.release().ptr();
+  return std::shared_ptr<void>(p, [](void* q) {
+    if (!Py_IsInitialized() || isFinalizing()) return;  // interpreter gone: leak
+    PyGILState_STATE st = PyGILState_Ensure();
+    Py_DECREF(static_cast<PyObject*>(q));
+    PyGILState_Release(st);
+  });
+}
+
+Buffer buf(uintptr_t ptr, size_t count, int dtype, int device, int deviceIndex) {
+  return Buffer(reinterpret_cast<void*>(ptr), count, static_cast<DataType>(dtype),
+                static_cast<DeviceType>(device), deviceIndex);
+}
+
+CallOptions opts(int algorithm, double timeout, bool async, bool acc32) {
+  CallOptions o;
+  o.algorithm = static_cast<fourd::Algorithm>(algorithm);
+  o.timeoutSeconds = timeout;
+  o.async = async;
+  o.accumulateFp32 = acc32;
+  return o;
+}
+
+py::object finish(std::shared_ptr<Work> w, bool async, py::object keep) {
+  if (!async) return py::none();
+  if (!w->isCompleted()) w->setKeepAlive(keepAlive(std::move(keep)));
+  return py::cast(w);
+}
+
+void waitWork(Work& w, py::object timeout) {
+  const double limit = timeout.is_none() ? -1.0 : timeout.cast<double>();
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    double slice = 0.05;
+    if (limit >= 0) {
+      const double left =
+          limit - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (left <= 0) {
+        if (w.isCompleted()) break;
+        throw fourd::TimeoutError("fourd: Work.wait: " + w.description() + " did not complete within " +
+                                  std::to_string(limit) + " s (it keeps running; wait again, or let "
+                                  "its own deadline end it)");
+      }
+      slice = std::min(slice, left);
+    }
+    bool done;
+    {
+      py::gil_scoped_release rel;
+      try {
+        done = w.wait(slice);
+      } catch (...) {
+        done = true;  // completed with an error: rethrown below with the GIL held
+      }
+    }
+    if (done) break;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  if (auto e = w.error()) std::rethrow_exception(e);
+}
+
+py::dict topologyDict(const fourd::GroupTopology& t) {
+  py::dict d;
+  d["size"] = t.size;
+  d["num_nodes"] = t.numNodes;
+  d["ranks_per_node"] = t.ranksPerNode;
+  d["node_index"] = t.nodeIndex;
+  d["local_index"] = t.localIndex;
+  d["uniform"] = t.uniform;
+  d["k"] = t.k;
+  d["description"] = t.describe();
+  return d;
+}
+
+}  // namespace
+
+void register_grid(py::module_& m) {
+  gMainThread = PyThread_get_thread_ident();
+  py::object threading = py::module_::import("threading");
+  gMainThread = threading.attr("main_thread")().attr("ident").cast<unsigned long>();
+  fourd::detail::setInterruptCheck(&pyInterruptCheck);
+
+  m.def("mpi_library_version", &fourd::mpiLibraryVersion);
+  m.def("build_info", &fourd::buildInfo);
+  m.def("mpi_thread_level", [] {
+    int p = 0;
+    MPI_Query_thread(&p);
+    return p;
+  });
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work", "Handle on a collective operation.")
+      .def("is_completed", &Work::isCompleted, "True once the operation finished; never blocks.")
+      .def("wait", &waitWork, py::arg("timeout") = py::none(),
+           "Wait until the operation completes (re-raising its error). timeout in seconds; on "
+           "expiry raises fourd.TimeoutError and the operation keeps running.")
+      .def_property_readonly("description", &Work::description)
+      .def("__repr__", [](const Work& w) {
+        return "<fourd.Work " + w.description() + (w.isCompleted() ? " completed>" : " running>");
+      });
+
+  py::class_<Communicator>(m, "Communicator")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("mask", &Communicator::mask)
+      .def_property_readonly("name", &Communicator::name)
+      .def_property_readonly("world_ranks", &Communicator::worldRanks)
+      .def_property_readonly("topology", [](const Communicator& c) { return topologyDict(c.topology()); })
+      .def_property_readonly("poisoned", &Communicator::poisoned)
+      .def_property_readonly("poison_reason", &Communicator::poisonReason)
+      .def("all_reduce",
+           [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev, int devIdx,
+              int op, int algorithm, double timeout, bool async, bool acc32, py::object keep) {
+             const CallOptions o = opts(algorithm, timeout, async, acc32);
+             auto w = released([&] {
+               return c.allReduce(buf(in, count, dtype, dev, devIdx), buf(out, count, dtype, dev, devIdx),
+                                  static_cast<fourd::ReduceOp>(op), o);
+             });
+             return finish(std::move(w), async, std::move(keep));
+           })
+      .def("all_gather",
+           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
+              int dev, int devIdx, int algorithm, double timeout, bool async, py::object keep) {
+             const CallOptions o = opts(algorithm, timeout, async, false);
+             auto w = released([&] {
+               return c.allGather(buf(in, inCount, dtype, dev, devIdx), buf(out, outCount, dtype, dev, devIdx), o);
+             });
+             return finish(std::move(w), async, std::move(keep));
+           })
+      .def("reduce_scatter",
+           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
+              int dev, int devIdx, int op, int algorithm, double timeout, bool async, bool acc32,
+              py::object keep) {
+             const CallOptions o = opts(algorithm, timeout, async, acc32);
+             auto w = released([&] {
+               return c.reduceScatter(buf(in, inCount, dtype, dev, devIdx), buf(out, outCount, dtype, dev, devIdx),
+                                      static_cast<fourd::ReduceOp>(op), o);
+             });
+             return finish(std::move(w), async, std::move(keep));
+           })
+      .def("broadcast",
+           [](Communicator& c, uintptr_t p, size_t count, int dtype, int dev, int devIdx, int root,
+              double timeout, bool async, py::object keep) {
+             const CallOptions o = opts(0, timeout, async, false);
+             auto w = released([&] { return c.broadcast(buf(p, count, dtype, dev, devIdx), root, o); });
+             return finish(std::move(w), async, std::move(keep));
+           })
+      .def("barrier",
+           [](Communicator& c, double timeout) {
+             const CallOptions o = opts(0, timeout, false, false);
+             released([&] { return c.barrier(o); });
+           })
+      .def("choose",
+           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype) {
+             return std::string(fourd::algorithmName(
+                 c.choose(fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype))));
+           })
+      .def("explain",
+           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype) {
+             py::list out;
+             for (const auto& p : c.explain(fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype))) {
+               py::dict d;
+               d["algorithm"] = fourd::algorithmName(p.algorithm);
+               d["predicted_s"] = p.seconds;
+               d["supported"] = p.supported;
+               d["reason"] = p.reason;
+               out.append(d);
+             }
+             return out;
+           });
+
+  py::class_<Grid>(m, "Grid")
+      .def(py::init([](intptr_t commF, std::vector<int> sizes, const std::string& order, int rpn,
+                       double timeout, bool debug, bool abortOnTimeout) {
+             fourd::GridConfig cfg;
+             for (int i = 0; i < 4; ++i) cfg.sizes[i] = sizes.at(i);
+             cfg.order = order;
+             cfg.ranksPerNode = rpn;
+             cfg.timeoutSeconds = timeout;
+             cfg.debug = debug;
+             cfg.abortOnTimeout = abortOnTimeout;
+             MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(commF));
+             return released([&] { return new Grid(comm, cfg); });
+           }),
+           py::arg("comm_f"), py::arg("sizes"), py::arg("order"), py::arg("ranks_per_node"),
+           py::arg("timeout"), py::arg("debug"), py::arg("abort_on_timeout"))
+      .def_property_readonly("world_rank", &Grid::worldRank)
+      .def_property_readonly("world_size", &Grid::worldSize)
+      .def_property_readonly("sizes", [](const Grid& g) {
+        auto s = g.processGrid().sizes();
+        return std::vector<int>(s.begin(), s.end());
+      })
+      .def_property_readonly("order", [](const Grid& g) { return g.processGrid().orderName(); })
+      .def_property_readonly("host_names", &Grid::hostNames)
+      .def_property_readonly("num_nodes", [](const Grid& g) { return g.topology().numNodes(); })
+      .def_property_readonly("virtual_topology", &Grid::virtualTopology)
+      .def_property_readonly("finalized", &Grid::finalized)
+      .def("coords", [](const Grid& g, int r) {
+        auto c = g.processGrid().coords(r);
+        return std::vector<int>(c.begin(), c.end());
+      })
+      .def("rank_of", [](const Grid& g, std::vector<int> c) {
+        return g.processGrid().rankOf({c.at(0), c.at(1), c.at(2), c.at(3)});
+      })
+      .def("group_ranks", [](const Grid& g, int r, unsigned mask) { return g.processGrid().groupRanks(r, mask); })
+      .def("group_rank", [](const Grid& g, int r, unsigned mask) { return g.processGrid().groupRank(r, mask); })
+      .def("node_of", [](const Grid& g, int r) { return g.topology().nodeOf(r); })
+      .def("local_rank", [](const Grid& g, int r) { return g.topology().localRank(r); })
+      .def("communicator", &Grid::communicator, py::return_value_policy::reference_internal)
+      .def("finalize", [](Grid& g, double timeout) {
+        py::gil_scoped_release rel;
+        return g.finalize(timeout);
+      })
+      .def_property_readonly("profile", [](const Grid& g) { return g.profile(); })
+      .def("set_profile", &Grid::setProfile);
+}
+
+}  // namespace fourd_py

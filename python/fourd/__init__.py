@@ -1,0 +1,128 @@
+"""fourd: topology-aware hierarchical collectives on a 4D process grid (x, y, z, data).
+
+    import fourd
+    grid = fourd.init(x=2, y=2, z=1, data=2)
+    fourd.all_reduce(tensor, "x")
+    fourd.all_gather(out, inp, ("z", "data"), async_op=True).wait()
+
+Run scripts as ``mpiexec -n N python -m mpi4py script.py`` so that one failing rank ends the job.
+"""
+
+from mpi4py import MPI  # noqa: F401  (initialises MPI before the native module loads)
+
+from . import _C
+from .errors import (
+    AbortedError,
+    BackendError,
+    DTypeError,
+    Error,
+    InvalidArgumentError,
+    MismatchError,
+    NotInitializedError,
+    TimeoutError,
+    _NATIVE_CLASSES,
+)
+from .grid import Grid, finalize, get_grid, init, is_initialized
+from . import grid as _grid
+
+_C.set_error_classes(_NATIVE_CLASSES)
+
+Work = _C.Work
+__version__ = _C.__version__
+HAVE_CUDA = bool(_C.HAVE_CUDA)
+
+
+def _g(grid):
+    return _grid.get_grid() if grid is None else grid
+
+
+def all_reduce(tensor, axis="world", op="sum", *, grid=None, algorithm="auto", async_op=False,
+               timeout=None, accumulate_fp32=False):
+    """Reduce `tensor` in place over my group along `axis` (torch's all_reduce).
+
+    axis: "x", "y", "z", "data", "world", or a tuple of axis names (their combined group).
+    op: "sum", "prod", "min", "max", "avg" (floating types). algorithm: "auto", "flat", "ring",
+    "rhd", "hierarchical", "shm". accumulate_fp32: float16/bfloat16 partial sums kept in float32.
+    Returns a Work when async_op=True, else None.
+    """
+    return _g(grid).all_reduce(tensor, axis, op, algorithm=algorithm, async_op=async_op,
+                               timeout=timeout, accumulate_fp32=accumulate_fp32)
+
+
+def all_gather(output, input, axis="world", *, grid=None, algorithm="auto", async_op=False,
+               timeout=None):
+    """output = the inputs of my group along `axis`, concatenated in group-rank order."""
+    return _g(grid).all_gather(output, input, axis, algorithm=algorithm, async_op=async_op,
+                               timeout=timeout)
+
+
+def reduce_scatter(output, input, axis="world", op="sum", *, grid=None, algorithm="auto",
+                   async_op=False, timeout=None, accumulate_fp32=False):
+    """input holds group-size blocks; the reduced block i ends on group rank i as `output`."""
+    return _g(grid).reduce_scatter(output, input, axis, op, algorithm=algorithm,
+                                   async_op=async_op, timeout=timeout,
+                                   accumulate_fp32=accumulate_fp32)
+
+
+def broadcast(tensor, src, axis="world", *, grid=None, async_op=False, timeout=None):
+    """Copy `tensor` of group rank `src` (a rank within the group) to the whole group."""
+    return _g(grid).broadcast(tensor, src, axis, async_op=async_op, timeout=timeout)
+
+
+def barrier(axis="world", *, grid=None, timeout=None):
+    """Wait until every rank of my group along `axis` arrives."""
+    return _g(grid).barrier(axis, timeout=timeout)
+
+
+def explain(collective, nbytes, axis="world", *, grid=None, dtype="float32"):
+    """The algorithms `auto` considers for this call, their predicted times, and its choice."""
+    return _g(grid).explain(collective, nbytes, axis, dtype)
+
+
+def build_info() -> dict:
+    """Version, MPI library, and whether CUDA/NCCL support is compiled in."""
+    return {
+        "version": __version__,
+        "mpi_library": _C.mpi_library_version(),
+        "mpi_thread_level": _C.mpi_thread_level(),
+        "cuda": HAVE_CUDA,
+        "nccl": HAVE_CUDA,
+    }
+
+
+def _at_exit():
+    # Runs before mpi4py finalizes MPI (registered later, so called earlier).
+    try:
+        finalize()
+    except Exception:  # noqa: BLE001 - never raise at interpreter exit
+        pass
+
+
+import atexit as _atexit  # noqa: E402
+
+_atexit.register(_at_exit)
+
+__all__ = [
+    "AbortedError",
+    "BackendError",
+    "DTypeError",
+    "Error",
+    "Grid",
+    "HAVE_CUDA",
+    "InvalidArgumentError",
+    "MismatchError",
+    "NotInitializedError",
+    "TimeoutError",
+    "Work",
+    "all_gather",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "build_info",
+    "explain",
+    "finalize",
+    "get_grid",
+    "init",
+    "is_initialized",
+    "reduce_scatter",
+]

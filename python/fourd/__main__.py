@@ -1,0 +1,19 @@
+"""python -m fourd: print the build configuration."""
+
+import sys
+
+import fourd
+
+
+def main() -> int:
+    info = fourd.build_info()
+    print(f"fourd {info['version']}")
+    print(f"  MPI library : {info['mpi_library'].splitlines()[0] if info['mpi_library'] else '?'}")
+    print(f"  MPI threads : level {info['mpi_thread_level']} (3 = MPI_THREAD_MULTIPLE)")
+    print(f"  CUDA / NCCL : {'compiled in' if info['cuda'] else 'not compiled in'}")
+    print(f"  algorithms  : auto, flat, ring, rhd, hierarchical, shm")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

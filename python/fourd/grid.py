@@ -1,0 +1,408 @@
+"""The 4D process grid and its collectives (the public API lives in fourd/__init__.py)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+from . import _C
+from ._tensor import DTYPE_NAMES, ITEMSIZE, resolve
+from .errors import InvalidArgumentError, NotInitializedError
+
+AXES = ("x", "y", "z", "data")
+_BIT = {"x": 1, "y": 2, "z": 4, "data": 8}
+WORLD_MASK = 15
+
+OPS = {"sum": 0, "prod": 1, "product": 1, "min": 2, "max": 3, "avg": 4, "mean": 4}
+ALGORITHMS = {"auto": 0, "flat": 1, "ring": 2, "rhd": 3, "hierarchical": 4, "shm": 5}
+
+_mask_cache: dict = {}
+
+
+def axis_mask(axis) -> int:
+    """Bit mask of an axis argument: "x", "y", "z", "data", "world", "z+data", a tuple of axis
+    names (their combined group; the tuple's own order does not matter), or a group object
+    with a ``mask`` attribute (fourd.parallel_state groups)."""
+    try:
+        return _mask_cache[axis]
+    except (KeyError, TypeError):
+        pass
+    m = getattr(axis, "mask", None)
+    if isinstance(m, int) and not isinstance(axis, (str, tuple, list)):
+        return m
+    names = None
+    if isinstance(axis, str):
+        names = ["x", "y", "z", "data"] if axis == "world" else axis.split("+")
+    elif isinstance(axis, (tuple, list, frozenset, set)):
+        names = list(axis)
+        if any(n == "world" for n in names):
+            names = list(AXES)
+    if not names or any(not isinstance(n, str) or n not in _BIT for n in names):
+        raise InvalidArgumentError(
+            f"axis: expected 'x', 'y', 'z', 'data', 'world', or a tuple of those names such as "
+            f"('z', 'data'); found {axis!r}"
+        )
+    mask = 0
+    for n in names:
+        mask |= _BIT[n]
+    try:
+        _mask_cache[axis] = mask
+    except TypeError:
+        pass
+    return mask
+
+
+def mask_name(mask: int) -> str:
+    if mask == WORLD_MASK:
+        return "world"
+    return "+".join(a for a in AXES if mask & _BIT[a])
+
+
+def _op_code(op) -> int:
+    if isinstance(op, str):
+        code = OPS.get(op.lower())
+        if code is not None:
+            return code
+    else:  # torch.distributed.ReduceOp and similar enums: match by name
+        name = str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+        code = OPS.get(name)
+        if code is not None:
+            return code
+    raise InvalidArgumentError(f"op: expected one of 'sum', 'prod', 'min', 'max', 'avg'; found {op!r}")
+
+
+def _algo_code(algorithm) -> int:
+    code = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
+    if code is None:
+        raise InvalidArgumentError(
+            f"algorithm: expected one of {', '.join(repr(a) for a in ALGORITHMS)}; found {algorithm!r}"
+        )
+    return code
+
+
+def _timeout(timeout) -> float:
+    if timeout is None:
+        return 0.0
+    try:
+        t = float(timeout)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"timeout: expected seconds (a positive number), found {timeout!r}") from None
+    if not t > 0:
+        raise InvalidArgumentError(f"timeout: expected seconds (a positive number), found {timeout!r}")
+    return t
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Grid:
+    """A 4D process grid over MPI ranks: axes x, y, z (tensor parallel) and data.
+
+    Made by :func:`fourd.init`. Group rank i along an axis is position i of ``ranks(axis)``; the
+    innermost axis of a combination varies fastest.
+    """
+
+    def __init__(self, native, comm, order: str):
+        self._native = native
+        self._mpi_comm = comm
+        self._comms: dict = {}
+        self._order = order
+        self._rank = native.world_rank
+        self._coords = native.coords(self._rank)
+        self._finalized = False
+
+    # ---- shape and ranks -------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self._native.world_size
+
+    @property
+    def world_rank(self) -> int:
+        return self._rank
+
+    @property
+    def shape(self) -> dict:
+        return dict(zip(AXES, self._native.sizes))
+
+    @property
+    def order(self) -> str:
+        return self._order
+
+    @property
+    def mpi_comm(self):
+        """The mpi4py communicator the grid was built on."""
+        return self._mpi_comm
+
+    def size(self, axis="world") -> int:
+        return self._comm(axis_mask(axis)).size
+
+    def rank(self, axis="world") -> int:
+        return self._comm(axis_mask(axis)).rank
+
+    def coords(self, rank: int | None = None) -> dict:
+        c = self._coords if rank is None else self._native.coords(rank)
+        return dict(zip(AXES, c))
+
+    def ranks(self, axis="world") -> list:
+        """World ranks of my group along `axis`, in group-rank order."""
+        return list(self._comm(axis_mask(axis)).world_ranks)
+
+    def rank_of(self, **coords) -> int:
+        c = [coords.get(a, self._coords[i]) for i, a in enumerate(AXES)]
+        return self._native.rank_of(c)
+
+    def topology(self, axis="world") -> dict:
+        """How my group along `axis` sits on nodes: num_nodes, ranks_per_node, uniform, ..."""
+        return dict(self._comm(axis_mask(axis)).topology)
+
+    def placement(self) -> list:
+        """One row per world rank: host, node, local rank, grid coordinates."""
+        n = self._native
+        hosts = n.host_names
+        return [
+            {
+                "rank": r,
+                "host": hosts[r],
+                "node": n.node_of(r),
+                "local_rank": n.local_rank(r),
+                **dict(zip(AXES, n.coords(r))),
+            }
+            for r in range(n.world_size)
+        ]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._native.num_nodes
+
+    @property
+    def virtual_topology(self) -> bool:
+        return self._native.virtual_topology
+
+    def communicator(self, axis):
+        """The native communicator of my group along `axis` (advanced use)."""
+        return self._comm(axis_mask(axis))
+
+    def _comm(self, mask: int):
+        c = self._comms.get(mask)
+        if c is None:
+            if self._finalized:
+                raise NotInitializedError("fourd: this grid was finalized; call fourd.init() again")
+            c = self._native.communicator(mask)
+            self._comms[mask] = c
+        return c
+
+    # ---- collectives -----------------------------------------------------------------------
+    def all_reduce(self, tensor, axis="world", op="sum", *, algorithm="auto", async_op=False,
+                   timeout=None, accumulate_fp32=False):
+        """Reduce `tensor` in place over the group along `axis`."""
+        comm = self._comm(axis_mask(axis))
+        p, n, dt, dev, idx = resolve(tensor, "tensor", True)
+        return comm.all_reduce(p, p, n, dt, dev, idx, _op_code(op), _algo_code(algorithm),
+                               _timeout(timeout), async_op, accumulate_fp32,
+                               tensor if async_op else None)
+
+    def all_gather(self, output, input, axis="world", *, algorithm="auto", async_op=False,
+                   timeout=None):
+        """output = the inputs of the group along `axis`, concatenated in group-rank order."""
+        comm = self._comm(axis_mask(axis))
+        ip, ic, idt, dev, idx = resolve(input, "input", False)
+        op_, oc, odt, odev, _ = resolve(output, "output", True)
+        _check_pair(idt, odt, dev, odev)
+        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, _algo_code(algorithm),
+                               _timeout(timeout), async_op,
+                               (output, input) if async_op else None)
+
+    def reduce_scatter(self, output, input, axis="world", op="sum", *, algorithm="auto",
+                       async_op=False, timeout=None, accumulate_fp32=False):
+        """Reduce `input` (group-size blocks) over the group; block i ends on group rank i."""
+        comm = self._comm(axis_mask(axis))
+        ip, ic, idt, dev, idx = resolve(input, "input", False)
+        op_, oc, odt, odev, _ = resolve(output, "output", True)
+        _check_pair(idt, odt, dev, odev)
+        return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, _op_code(op),
+                                   _algo_code(algorithm), _timeout(timeout), async_op,
+                                   accumulate_fp32, (output, input) if async_op else None)
+
+    def broadcast(self, tensor, src, axis="world", *, async_op=False, timeout=None):
+        """Copy `tensor` of group rank `src` to every rank of the group along `axis`."""
+        comm = self._comm(axis_mask(axis))
+        if not isinstance(src, int) or isinstance(src, bool):
+            raise InvalidArgumentError(f"src: expected a group rank (int), found {src!r}")
+        p, n, dt, dev, idx = resolve(tensor, "tensor", True)
+        return comm.broadcast(p, n, dt, dev, idx, src, _timeout(timeout), async_op,
+                              tensor if async_op else None)
+
+    def barrier(self, axis="world", *, timeout=None):
+        self._comm(axis_mask(axis)).barrier(_timeout(timeout))
+
+    def explain(self, collective: str, nbytes: int, axis="world", dtype: str = "float32") -> dict:
+        """The candidates `auto` considers for this call, with predicted times, and its choice."""
+        comm = self._comm(axis_mask(axis))
+        rows = comm.explain(collective, int(nbytes), dtype)
+        forced = os.environ.get("FOURD_ALGORITHM") or None
+        return {
+            "collective": collective,
+            "nbytes": int(nbytes),
+            "axis": mask_name(axis_mask(axis)),
+            "dtype": dtype,
+            "topology": comm.topology["description"],
+            "candidates": rows,
+            "choice": forced or comm.choose(collective, int(nbytes), dtype),
+            "forced_by_env": forced is not None,
+        }
+
+    def finalize(self, timeout: float | None = None) -> bool:
+        """Wait for operations in flight (up to the timeout), then free the communicators."""
+        if self._finalized:
+            return True
+        self._finalized = True
+        self._comms.clear()
+        t = _default_timeout() if timeout is None else float(timeout)
+        return self._native.finalize(t)
+
+    def __repr__(self) -> str:
+        s = ", ".join(f"{a}={v}" for a, v in self.shape.items())
+        return f"fourd.Grid({s}, order='{self._order}', rank {self._rank}/{self.world_size})"
+
+
+def _check_pair(idt, odt, dev, odev):
+    if idt != odt:
+        from .errors import DTypeError
+
+        raise DTypeError(
+            f"output: expected the input's dtype {DTYPE_NAMES[idt]}, found {DTYPE_NAMES[odt]}"
+        )
+    if dev != odev:
+        raise InvalidArgumentError("output: expected the input's device, found another device")
+
+
+def _default_timeout() -> float:
+    v = os.environ.get("FOURD_TIMEOUT_S")
+    if v:
+        try:
+            t = float(v)
+            if t > 0:
+                return t
+        except ValueError:
+            pass
+        raise InvalidArgumentError(f"FOURD_TIMEOUT_S: expected a positive number of seconds, found {v!r}")
+    return 300.0
+
+
+_state = threading.local()
+_lock = threading.Lock()
+_current: Grid | None = None
+_all_grids: "weakref.WeakSet[Grid]" = weakref.WeakSet()
+_was_finalized = False
+
+
+def _parse_order(order) -> str:
+    if isinstance(order, (tuple, list)):
+        order = "-".join(str(a) for a in order)
+    if not isinstance(order, str):
+        raise InvalidArgumentError(f"order: expected a string like 'x-y-z-data', found {order!r}")
+    return order
+
+
+def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm=None, *,
+         timeout=None, debug=None, plan=None) -> Grid:
+    """Build the 4D grid over the ranks of `comm` (default MPI.COMM_WORLD). Collective: every
+    rank must pass the same arguments (checked; a mismatch raises on every rank)."""
+    global _current, _was_finalized
+    from mpi4py import MPI
+
+    if plan is not None:
+        kw = plan.grid_kwargs() if hasattr(plan, "grid_kwargs") else dict(plan)
+        x, y, z = kw.get("x", 1), kw.get("y", 1), kw.get("z", 1)
+        data = kw.get("data", data)
+        order = kw.get("order", order)
+    comm = MPI.COMM_WORLD if comm is None else comm
+    world = comm.Get_size()
+    local_error = None
+    sizes = []
+    for name, v in (("x", x), ("y", y), ("z", z)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            local_error = local_error or InvalidArgumentError(
+                f"{name}: expected an integer grid size >= 1, found {v!r}")
+            v = -1
+        sizes.append(v)
+    if data is None:
+        # world / (x*y*z); when it does not divide, the native agreement check reports the
+        # product on every rank (so no rank is left waiting).
+        xyz = sizes[0] * sizes[1] * sizes[2]
+        data = max(1, world // xyz) if xyz > 0 else 1
+    elif not isinstance(data, int) or isinstance(data, bool):
+        local_error = local_error or InvalidArgumentError(
+            f"data: expected an integer grid size >= 1 or None, found {data!r}")
+        data = -1
+    sizes.append(data)
+    try:
+        order_s = _parse_order(order)
+    except InvalidArgumentError as e:
+        local_error = local_error or e
+        order_s = "invalid"
+    if ranks_per_node is None:
+        env = os.environ.get("FOURD_RANKS_PER_NODE", "").strip()
+        if env:
+            try:
+                ranks_per_node = int(env)
+            except ValueError:
+                local_error = local_error or InvalidArgumentError(
+                    f"FOURD_RANKS_PER_NODE: expected an integer >= 1, found {env!r}")
+                ranks_per_node = -1
+    if ranks_per_node is None:
+        rpn = 0
+    elif isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool) and ranks_per_node >= 1:
+        rpn = ranks_per_node
+    else:
+        local_error = local_error or InvalidArgumentError(
+            f"ranks_per_node: expected None or an integer >= 1, found {ranks_per_node!r}")
+        rpn = -1
+    try:
+        t = _default_timeout() if timeout is None else _timeout(timeout)
+    except InvalidArgumentError as e:
+        local_error = local_error or e
+        t = -1.0
+    dbg = _env_flag("FOURD_DEBUG") if debug is None else bool(debug)
+    abort = _env_flag("FOURD_ABORT_ON_TIMEOUT")
+    try:
+        native = _C.Grid(comm.py2f(), sizes, order_s, rpn, t if t > 0 else -1.0, dbg, abort)
+    except Exception:
+        if local_error is not None:
+            raise local_error from None
+        raise
+    g = Grid(native, comm, native.order)
+    with _lock:
+        _current = g
+        _all_grids.add(g)
+        _was_finalized = False
+    return g
+
+
+def get_grid() -> Grid:
+    """The grid of the last :func:`init`."""
+    g = _current
+    if g is None:
+        if _was_finalized:
+            raise NotInitializedError("fourd: the grid was finalized; call fourd.init() again")
+        raise NotInitializedError("fourd: no grid yet; call fourd.init() first")
+    return g
+
+
+def is_initialized() -> bool:
+    return _current is not None
+
+
+def finalize(timeout: float | None = None) -> bool:
+    """Wait for operations in flight (up to the deadline) and free every grid's communicators."""
+    global _current, _was_finalized
+    with _lock:
+        grids = list(_all_grids)
+        _current = None
+        _was_finalized = True
+    ok = True
+    for g in grids:
+        ok = g.finalize(timeout) and ok
+    return ok

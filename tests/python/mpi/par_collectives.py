@@ -1,0 +1,212 @@
+"""Multi-rank sweep of the collectives against closed-form oracles on integer-valued data.
+
+Every factorization of the world into (x, y, z, data), several orders, virtual topologies,
+every dtype and op, counts 0, 1, 7, 1000 and 2**20+3, in place and out of place, numpy and torch.
+The full cross product would take hours on 2 cores; the sweep rotates dtype, op, count and
+library over the grids so that every value of every factor meets every other factor's values
+several times.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import fourd
+
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+ME = WORLD.Get_rank()
+
+ORDERS = ["x-y-z-data", "data-z-y-x", "z-x-data-y", "y-data-x-z"]
+AXES = ["x", "y", "z", "data", "world", ("x", "y"), ("z", "data"), ("x", "y", "z"), ("y", "data")]
+NP_DTYPES = [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64]
+TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                torch.int32, torch.int64]
+OPS = ["sum", "prod", "min", "max", "avg"]
+COUNTS = [0, 1, 7, 1000]
+BIG = 2**20 + 3
+
+
+def factorizations(n):
+    out = []
+    for x in range(1, n + 1):
+        for y in range(1, n + 1):
+            for z in range(1, n + 1):
+                if n % (x * y * z) == 0:
+                    out.append((x, y, z, n // (x * y * z)))
+    return out
+
+
+def rpn_values(n):
+    return [None] + [r for r in (1, 2, 4, 8) if r <= n]
+
+
+def values(rank, count, offset=0):
+    """Per-rank integer values 1..4, exact in every dtype."""
+    i = np.arange(offset, offset + count)
+    return ((rank + 1 + i % 3) % 4 + 1).astype(np.float64)
+
+
+def oracle(op, ranks, count, offset=0):
+    vals = np.stack([values(r, count, offset) for r in ranks])
+    if op == "sum":
+        return vals.sum(0)
+    if op == "prod":
+        return vals.prod(0)
+    if op == "min":
+        return vals.min(0)
+    if op == "max":
+        return vals.max(0)
+    return vals.sum(0) / len(ranks)
+
+
+def is_float(dt):
+    return dt in (np.float32, np.float64, np.float16) or dt in (torch.float32, torch.float64, torch.float16,
+                                                                 torch.bfloat16)
+
+
+def legal(op, dt, group):
+    if op == "avg" and not is_float(dt):
+        return False
+    if op == "prod" and group > 3 and dt in (np.int8, np.uint8, np.float16, torch.int8, torch.uint8,
+                                              torch.float16, torch.bfloat16):
+        return False  # 4**8 overflows these types; not a fourd limitation
+    return True
+
+
+def make(lib, dt, arr):
+    if lib == "numpy":
+        return arr.astype(dt)
+    return torch.from_numpy(arr.astype(np.float64)).to(dt)
+
+
+def as_np(t):
+    if isinstance(t, torch.Tensor):
+        return t.to(torch.float64).numpy()
+    return t.astype(np.float64)
+
+
+def check(got, want, op, dt):
+    if op == "avg" and dt in (np.float16, torch.float16, torch.bfloat16):
+        np.testing.assert_allclose(as_np(got), want, rtol=1e-2)
+    else:
+        np.testing.assert_array_equal(as_np(got), want)
+
+
+def plan():
+    """The rotated sweep: yields (sizes, order, rpn, axis, lib, dtype, op, count, inplace)."""
+    cases = []
+    counter = itertools.count()
+    for sizes in factorizations(N):
+        for oi, order in enumerate(ORDERS[:3]):
+            for rpn in rpn_values(N):
+                k = next(counter)
+                cases.append((sizes, order, rpn, k))
+    return cases
+
+
+@pytest.mark.parametrize("case", plan(), ids=lambda c: f"{c[0]}-{c[1]}-rpn{c[2]}")
+def test_sweep(case):
+    sizes, order, rpn, k = case
+    x, y, z, d = sizes
+    g = fourd.init(x=x, y=y, z=z, data=d, order=order, ranks_per_node=rpn)
+    assert g.shape == {"x": x, "y": y, "z": z, "data": d}
+    for j, axis in enumerate(AXES):
+        s = k * len(AXES) + j
+        ranks = g.ranks(axis)
+        p = len(ranks)
+        assert g.size(axis) == p and ranks[g.rank(axis)] == ME
+        lib = "numpy" if s % 2 == 0 else "torch"
+        dts = NP_DTYPES if lib == "numpy" else TORCH_DTYPES
+        dt = dts[s % len(dts)]
+        count = COUNTS[(s // 2) % len(COUNTS)]
+        inplace = (s // 3) % 2 == 0
+        # all_reduce: every op
+        for op in OPS:
+            if not legal(op, dt, p):
+                continue
+            t = make(lib, dt, values(ME, count))
+            fourd.all_reduce(t, axis, op)
+            check(t, oracle(op, ranks, count), op, dt)
+        # all_gather (in place: the input is this rank's block of the output)
+        out = make(lib, dt, np.zeros(count * p))
+        if inplace and count:
+            gr = g.rank(axis)
+            blk = out[gr * count:(gr + 1) * count]
+            blk[:] = make(lib, dt, values(ME, count))
+            fourd.all_gather(out, blk, axis)
+        else:
+            fourd.all_gather(out, make(lib, dt, values(ME, count)), axis)
+        want = np.concatenate([values(r, count) for r in ranks]) if count else np.zeros(0)
+        check(out, want, "sum", dt)
+        # reduce_scatter
+        for op in ("sum", "max"):
+            inp = make(lib, dt, values(ME, count * p))
+            o = make(lib, dt, np.zeros(count))
+            fourd.reduce_scatter(o, inp, axis, op)
+            gr = g.rank(axis)
+            check(o, oracle(op, ranks, count * p)[gr * count:(gr + 1) * count], op, dt)
+        # broadcast from the last group rank
+        b = make(lib, dt, values(ME, max(count, 1)))
+        fourd.broadcast(b, p - 1, axis)
+        check(b, values(ranks[-1], max(count, 1)), "sum", dt)
+    fourd.barrier()
+    fourd.finalize()
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_large_counts(lib):
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=max(1, N // 2))
+    for axis in ("x", "world"):
+        ranks = g.ranks(axis)
+        p = len(ranks)
+        dt = np.float32 if lib == "numpy" else torch.bfloat16
+        t = make(lib, dt, values(ME, BIG))
+        fourd.all_reduce(t, axis)
+        check(t, oracle("sum", ranks, BIG), "sum", dt)
+        out = make(lib, dt, np.zeros(BIG * p))
+        fourd.all_gather(out, make(lib, dt, values(ME, BIG)), axis)
+        check(out, np.concatenate([values(r, BIG) for r in ranks]), "sum", dt)
+        inp = make(lib, dt, values(ME, BIG * p))
+        o = make(lib, dt, np.zeros(BIG))
+        fourd.reduce_scatter(o, inp, axis)
+        gr = g.rank(axis)
+        check(o, oracle("sum", ranks, BIG * p)[gr * BIG:(gr + 1) * BIG], "sum", dt)
+    fourd.finalize()
+
+
+def test_async_many_axes_in_flight():
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    works, bufs = [], []
+    axes = ["x", "data", "world", ("x", "data")]
+    for i in range(24):
+        axis = axes[i % len(axes)]
+        t = torch.full((50_000,), float(ME + 1 + i), dtype=torch.float64)
+        works.append(fourd.all_reduce(t, axis, async_op=True))
+        bufs.append((axis, t, i))
+    for w in works:
+        w.wait(timeout=120)
+        assert w.is_completed()
+    for axis, t, i in bufs:
+        assert torch.all(t == sum(r + 1 + i for r in g.ranks(axis)))
+    fourd.finalize()
+
+
+def test_grid_matches_independent_rank_arithmetic():
+    for sizes in factorizations(N):
+        for order in ORDERS:
+            g = fourd.init(x=sizes[0], y=sizes[1], z=sizes[2], data=sizes[3], order=order)
+            names = order.split("-")
+            strides, s = {}, 1
+            for a in names:
+                strides[a] = s
+                s *= g.shape[a]
+            c = g.coords()
+            assert sum(c[a] * strides[a] for a in names) == ME
+            for a in ("x", "y", "z", "data"):
+                want = [ME + (i - c[a]) * strides[a] for i in range(g.shape[a])]
+                assert g.ranks(a) == want
+            fourd.finalize()
