@@ -286,7 +286,18 @@ std::shared_ptr<Work> dispatch(CommState& s, OpSpec spec) {
   return w;
 }
 
+void checkDevice(const Buffer& b, const char* arg) {
+  if (b.device == DeviceType::kCpu) return;
+#ifndef FOURD_HAVE_CUDA
+  throw InvalidArgument(std::string(arg) + ": expected a CPU tensor (this build of fourd has no "
+                        "CUDA support; rebuild with FOURD_CUDA=ON), found a CUDA tensor on device " +
+                        std::to_string(b.deviceIndex));
+#endif
+}
+
 void checkSameDtype(const Buffer& in, const Buffer& out) {
+  checkDevice(in, "input");
+  checkDevice(out, "output");
   if (in.dtype != out.dtype) {
     throw TypeMismatch("output: expected the input's dtype " + toString(in.dtype) + ", found " +
                        toString(out.dtype));
@@ -387,6 +398,7 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
 }
 
 std::shared_ptr<Work> Communicator::broadcast(const Buffer& buf, int root, const CallOptions& opts) {
+  checkDevice(buf, "tensor");
   if (root < 0 || root >= size()) {
     throw InvalidArgument("src: expected a group rank 0 <= src < " + std::to_string(size()) +
                           " on axis '" + name() + "', found " + std::to_string(root));

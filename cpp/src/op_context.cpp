@@ -1,6 +1,7 @@
 #include "internal/op_context.hpp"
 
 #include <sched.h>
+#include <time.h>
 
 #include <atomic>
 #include <sstream>
@@ -38,7 +39,17 @@ bool interruptRequested() noexcept {
 }
 
 void Backoff::pause() noexcept {
-  if (++spins_ > 64) sched_yield();
+  // Spin first (lowest latency), then yield the core, and after a few thousand polls sleep in
+  // short naps: with more ranks than cores a spinning waiter would steal the time its peers
+  // need to make the progress it is waiting for.
+  ++spins_;
+  if (spins_ <= 64) return;
+  if (spins_ <= 4096) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 50 * 1000};
+  nanosleep(&ts, nullptr);
 }
 
 }  // namespace fourd::detail
