@@ -11,4 +11,4 @@ void register_grid(pybind11::module_& m);
 }  // namespace fourd_py
 
 // Defined in cost_model.cpp (global namespace).
-__attribute__((weak)) void register_cost_model(pybind11::module_& m);  // TEMP weak until cost_model.cpp lands
+void register_cost_model(pybind11::module_& m);

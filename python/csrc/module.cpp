@@ -8,7 +8,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "fourd native core (private; use the fourd package)";
   fourd_py::register_errors(m);
   fourd_py::register_grid(m);
-  if (register_cost_model) register_cost_model(m);
+  register_cost_model(m);
   m.attr("__version__") = FOURD_VERSION;
 #ifdef FOURD_HAVE_CUDA
   m.attr("HAVE_CUDA") = true;

@@ -1,0 +1,93 @@
+// The alpha-beta-gamma cost model of every collective and algorithm, in one place.
+//
+// `auto` selection (Communicator) and the planner (python -m fourd.plan) both call predict().
+// Sizes follow nccl-tests: `nbytes` is the full all-reduce buffer, the gathered all-gather output,
+// the reduce-scatter input, the broadcast buffer.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "fourd/data_type.hpp"
+
+namespace fourd {
+
+enum class Collective : int { kAllReduce = 0, kAllGather = 1, kReduceScatter = 2, kBroadcast = 3 };
+
+/// Algorithms selectable with `algorithm=`. Numeric values cross the Python binding.
+enum class Algorithm : int {
+  kAuto = 0,
+  kFlat = 1,          ///< the MPI (or NCCL) library's own collective
+  kRing = 2,          ///< bandwidth-optimal ring over point-to-point
+  kRhd = 3,           ///< recursive halving / doubling (log depth)
+  kHierarchical = 4,  ///< intra-node level + rail-aligned inter-node level
+  kShm = 5,           ///< MPI-3 shared-memory windows inside a node
+};
+inline constexpr int kNumAlgorithms = 6;
+
+const char* collectiveName(Collective c);
+Collective parseCollective(const std::string& s, const char* argName = "collective");
+const char* algorithmName(Algorithm a);
+Algorithm parseAlgorithm(const std::string& s, const char* argName = "algorithm");
+
+/// Costs of one machine. Seconds and bytes per second (1e9 = 1 GB/s).
+struct MachineProfile {
+  std::string name = "default";
+  int ranksPerNode = 1;           ///< GPUs (or MPI ranks) per node
+  double intraAlpha = 1e-6;       ///< latency of one intra-node message, s
+  double intraBw = 10e9;          ///< per-rank intra-node bandwidth, B/s
+  double interAlpha = 5e-6;       ///< latency of one inter-node message, s
+  double nicBw = 12.5e9;          ///< bandwidth of one NIC, B/s
+  int nicsPerNode = 1;            ///< NICs per node; node injection Be = nicBw * nicsPerNode
+  double reduceBw = 5e9;          ///< bytes of input reduced per second by one rank (1/gamma)
+  double memcpyBw = 10e9;         ///< local copy bandwidth per rank, B/s
+  double flatEfficiency = 1.0;    ///< the MPI library's own collective relative to the ring model
+  double computeFlops = 1e12;     ///< dense matmul throughput per rank (planner only)
+  double memoryBytes = 80e9;      ///< memory per rank (planner only)
+  /// Direct rank-to-rank links inside a node, no switch (Perlmutter's 4 A100s): each rank's
+  /// intraBw is split evenly over its R-1 peers, so a group of k of the R ranks of a node gets
+  /// intraBw * (k-1)/(R-1). False for a switched node (NVSwitch, or a CPU's memory).
+  bool intraMesh = false;
+  /// Chunks the hierarchical levels are pipelined over (1: the levels run one after another).
+  int hierarchicalChunks = 1;
+  /// Copy bandwidth into and out of a node's MPI shared-memory window, B/s; 0 means memcpyBw
+  /// (host buffers). For device buffers the window is in host memory: the host-device link.
+  double shmBw = 0.0;
+
+  double nodeInjectionBw() const noexcept { return nicBw * nicsPerNode; }
+};
+
+/// How a group is placed: `size` ranks on `nodes` nodes, `ranksPerNode` each when uniform.
+struct GroupShape {
+  int size = 1;
+  int nodes = 1;
+  int ranksPerNode = 1;  ///< k; meaningful when uniform
+  bool uniform = true;
+};
+
+/// One candidate of a selection.
+struct Prediction {
+  Algorithm algorithm = Algorithm::kFlat;
+  double seconds = 0.0;
+  bool supported = true;
+  std::string reason;  ///< why unsupported, or a short note on the phases
+};
+
+/// Whether `algorithm` can run `collective` on a group of this shape; `reason` says why not.
+bool isSupported(Collective collective, Algorithm algorithm, const GroupShape& shape,
+                 std::string* reason = nullptr);
+
+/// Predicted time in seconds. Returns +infinity when unsupported.
+double predict(Collective collective, Algorithm algorithm, size_t nbytes, DataType dtype,
+               const GroupShape& shape, const MachineProfile& profile);
+
+/// Every concrete algorithm (not kAuto) with its prediction, in enum order.
+std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataType dtype,
+                                   const GroupShape& shape, const MachineProfile& profile);
+
+/// The supported algorithm with the smallest prediction (ties: the lower enum value).
+Algorithm choose(Collective collective, size_t nbytes, DataType dtype, const GroupShape& shape,
+                 const MachineProfile& profile);
+
+}  // namespace fourd

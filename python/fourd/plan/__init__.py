@@ -1,0 +1,40 @@
+"""fourd.plan: choose a 4D configuration (Gx, Gy, Gz, Gdata, order, algorithm per axis).
+
+    from fourd import plan
+    result = plan.search("gpt-20b", gpus=1024, machine="perlmutter")
+    best = result.plans[0]
+    grid = fourd.init(plan=best)          # under mpiexec
+
+``python -m fourd.plan --model gpt-20b --gpus 1024 --machine perlmutter`` prints the ranking.
+Collective times come from the C++ cost model (fourd._C), the one the ``auto`` algorithm uses.
+See docs/planner.md.
+"""
+
+from .model import PRESETS, TransformerSpec, get_model
+from .profiles import Profile, builtin_names, get_profile, load_profile, save_profile
+from .search import Plan, SearchResult, explain, format_table, search
+
+
+def calibrate(*args, **kwargs):
+    """Measure a machine profile with fourd's own collectives (see fourd.plan.calibrate)."""
+    from .calibrate import calibrate as _calibrate
+
+    return _calibrate(*args, **kwargs)
+
+
+__all__ = [
+    "PRESETS",
+    "Plan",
+    "Profile",
+    "SearchResult",
+    "TransformerSpec",
+    "builtin_names",
+    "calibrate",
+    "explain",
+    "format_table",
+    "get_model",
+    "get_profile",
+    "load_profile",
+    "save_profile",
+    "search",
+]

@@ -1,0 +1,525 @@
+"""The 4D training model of a transformer: collectives per layer and axis, compute, memory.
+
+Layer semantics follow AxoNN's 4D algorithm (docs/planner.md, "The 4D training model"). A
+Linear with weight n x k (out x in) on a grid (Gx, Gy, Gz, Gdata), t tokens per rank per
+micro-batch:
+
+=========  ======================  =====  =====================================
+phase      collective              axis   elements
+=========  ======================  =====  =====================================
+forward    all-gather weight       z      k n / (Gx Gy)   (gathered output)
+forward    all-reduce output       x      t n / Gy
+backward   all-gather weight       z      k n / (Gx Gy)
+backward   all-reduce dX           y      t k / Gx
+backward   reduce-scatter dW       z      k n / (Gx Gy)   (input)
+step       all-reduce gradient     data   k n / (Gx Gy Gz)
+=========  ======================  =====  =====================================
+
+A *transposed* Linear swaps x and y: its forward all-reduce runs over y with t n / Gx
+elements and its backward all-reduce over x with t k / Gy. The MLP's 4h -> h layer is
+transposed (n = h, k = 4h), so its backward message carries the factor 4, not its forward
+one. With full activation recomputation the forward collectives run twice.
+
+Every collective time comes from the C++ model (``fourd._C.candidates``), the same one the
+``auto`` algorithm selection uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+AXES = ("x", "y", "z", "data")
+ALGORITHMS = ("flat", "ring", "rhd", "hierarchical", "shm")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+# Fraction of a GPU's memory the planner lets a configuration use: the rest is for the CUDA
+# context, communication buffers and allocator fragmentation.
+USABLE_MEMORY_FRACTION = 0.9
+
+
+def native_module():
+    """``fourd._C``, the extension that holds the C++ cost model."""
+    from .. import _C  # noqa: PLC0415 - imported on first use
+
+    return _C
+
+
+# ---- placement ----------------------------------------------------------------------------
+
+
+def parse_order(order) -> tuple:
+    """"x-y-z-data" (innermost first) -> ("x", "y", "z", "data")."""
+    if isinstance(order, str):
+        parts = tuple(order.split("-"))
+    else:
+        parts = tuple(order)
+    if sorted(parts) != sorted(AXES):
+        raise ValueError(f"order: expected a permutation of x, y, z, data such as "
+                         f"'x-y-z-data'; found {order!r}")
+    return parts
+
+
+def strides(sizes: dict, order) -> dict:
+    """Stride of each axis: the product of the sizes of the axes inside it."""
+    out, s = {}, 1
+    for a in parse_order(order):
+        out[a] = s
+        s *= sizes[a]
+    return out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How the groups of one axis sit on nodes: the worst group of the axis."""
+
+    size: int
+    nodes: int
+    ranks_per_node: int  # group ranks per node (when uniform; the smallest count otherwise)
+    uniform: bool
+
+    def native(self):
+        return native_module().GroupShape(self.size, self.nodes, self.ranks_per_node, self.uniform)
+
+
+@functools.lru_cache(maxsize=4096)
+def placement(size: int, stride: int, world: int, ranks_per_node: int) -> Placement:
+    """Exact placement of the groups of an axis with `size` and `stride` among `world` ranks
+    packed `ranks_per_node` to a node in rank order (numpy over every group, cached).
+
+    Returns the group with the most nodes; it is uniform when every group with that many
+    nodes holds the same number of ranks on each of its nodes.
+    """
+    if size < 1 or stride < 1 or world % (size * stride) != 0:
+        raise ValueError(f"placement: size {size} x stride {stride} does not divide {world}")
+    r = max(1, ranks_per_node)
+    ranks = np.arange(world, dtype=np.int64).reshape(world // (size * stride), size, stride)
+    nodes = ranks.transpose(0, 2, 1).reshape(-1, size) // r  # one row per group, ascending
+    if size == 1:
+        return Placement(size=1, nodes=1, ranks_per_node=1, uniform=True)
+    changes = np.diff(nodes, axis=1) != 0
+    n_nodes = 1 + changes.sum(axis=1)
+    worst = int(n_nodes.max())
+    rows = changes[n_nodes == worst]
+    uniform = size % worst == 0
+    if uniform:
+        m = size // worst  # node changes exactly every m group ranks
+        expected = np.arange(1, size) % m == 0
+        uniform = bool(np.all(rows == expected))
+    return Placement(size=size, nodes=worst, ranks_per_node=max(1, size // worst),
+                     uniform=uniform)
+
+
+def closed_form_ranks_per_node(size: int, stride: int, ranks_per_node: int) -> int:
+    """Group ranks per node when everything divides evenly: min(g, R // s) if s < R, else 1."""
+    if stride < ranks_per_node:
+        return min(size, max(1, ranks_per_node // stride))
+    return 1
+
+
+def grid_placements(sizes: dict, order, ranks_per_node: int) -> dict:
+    world = math.prod(sizes[a] for a in AXES)
+    st = strides(sizes, order)
+    return {a: placement(sizes[a], st[a], world, ranks_per_node) for a in AXES}
+
+
+# ---- the model being trained -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """A GPT-style decoder. Sizes in elements; batches in sequences."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int = 2048
+    vocab: int = 51200
+    global_batch: int = 1024  # sequences per optimizer step
+    micro_batch: int = 1  # sequences per (data, z) shard per forward/backward pass
+    dtype: str = "bfloat16"
+    recompute: bool = True  # full activation recomputation
+    ffn_mult: int = 4
+    grad_dtype: str = "float32"  # gradients (data-parallel all-reduce, gradient memory)
+
+    def linears(self) -> list:
+        """(name, k_in, n_out, transposed) of one transformer layer."""
+        h, f = self.hidden, self.ffn_mult * self.hidden
+        return [("qkv", h, 3 * h, False), ("proj", h, h, True), ("fc1", h, f, False),
+                ("fc2", f, h, True)]
+
+    def head(self) -> tuple:
+        """The LM head (tied with the embedding) as one plain Linear h -> vocab."""
+        return ("head", self.hidden, self.vocab, False)
+
+    def tp_params(self) -> int:
+        """Parameters sharded over x, y and z (the Linear weights and the tied embedding)."""
+        per_layer = sum(k * n for _, k, n, _ in self.linears())
+        return self.layers * per_layer + self.hidden * self.vocab
+
+    def replicated_params(self) -> int:
+        """Biases and LayerNorm parameters (kept whole on every rank)."""
+        h, f = self.hidden, self.ffn_mult * self.hidden
+        return self.layers * (4 * h + 3 * h + h + f + h) + 2 * h
+
+    def params(self) -> int:
+        return self.tp_params() + self.replicated_params()
+
+    def with_(self, **changes) -> "TransformerSpec":
+        return replace(self, **changes)
+
+
+# Public GPT shapes used by AxoNN's Perlmutter weak-scaling runs (layers, hidden), heads of
+# 128 elements, sequence 2048 (docs/planner.md, "Model presets").
+PRESETS = {
+    "gpt-5b": TransformerSpec("gpt-5b", layers=24, hidden=4096, heads=32),
+    "gpt-10b": TransformerSpec("gpt-10b", layers=32, hidden=5120, heads=40),
+    "gpt-20b": TransformerSpec("gpt-20b", layers=32, hidden=7168, heads=56),
+    "gpt-40b": TransformerSpec("gpt-40b", layers=38, hidden=9216, heads=72),
+    "gpt-80b": TransformerSpec("gpt-80b", layers=42, hidden=12288, heads=96),
+}
+
+
+def get_model(name_or_spec, **overrides) -> TransformerSpec:
+    if isinstance(name_or_spec, TransformerSpec):
+        spec = name_or_spec
+    elif isinstance(name_or_spec, str) and name_or_spec.lower() in PRESETS:
+        spec = PRESETS[name_or_spec.lower()]
+    else:
+        raise ValueError(f"model: expected one of {', '.join(PRESETS)} or a TransformerSpec; "
+                         f"found {name_or_spec!r}")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return spec.with_(**overrides) if overrides else spec
+
+
+# ---- the collectives of one step ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """One collective call: `count` identical calls per optimizer step."""
+
+    axis: str
+    collective: str
+    elements: int
+    dtype: str
+    count: int  # calls per step
+    role: str  # fwd_ar, bwd_ar, fwd_ag, bwd_ag, rs, data_ar
+    linear: str
+    overlap: str  # none, dW (hidden under the dW GEMM), fwd_compute, bwd_compute
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * DTYPE_BYTES[self.dtype]
+
+
+@dataclass(frozen=True)
+class Grid4D:
+    x: int
+    y: int
+    z: int
+    data: int
+
+    def size(self, axis: str) -> int:
+        return getattr(self, axis)
+
+    def sizes(self) -> dict:
+        return {a: self.size(a) for a in AXES}
+
+    @property
+    def world(self) -> int:
+        return self.x * self.y * self.z * self.data
+
+
+def batch_split(spec: TransformerSpec, g: Grid4D):
+    """(micro_batch, accumulation steps) per (data, z) shard, or None when the batch does not
+    split: the global batch must divide by Gdata*Gz, the micro-batch divides the shard."""
+    shards = g.data * g.z
+    if spec.global_batch % shards:
+        return None
+    per_shard = spec.global_batch // shards
+    mb = min(spec.micro_batch, per_shard)
+    if per_shard % mb:
+        return None
+    return mb, per_shard // mb
+
+
+def messages(spec: TransformerSpec, g: Grid4D) -> list:
+    """Every collective of one optimizer step, with its size and repeat count (volume
+    formulas of the module docstring). Axes of size 1 carry nothing."""
+    split = batch_split(spec, g)
+    if split is None:
+        raise ValueError(f"global_batch {spec.global_batch} does not split over "
+                         f"Gdata*Gz = {g.data * g.z} shards (micro-batch {spec.micro_batch})")
+    mb, acc = split
+    t = mb * spec.seq_len  # tokens per rank per micro-batch
+    fwd_runs = 2 if spec.recompute else 1
+    out = []
+    lins = [(lin, spec.layers) for lin in spec.linears()] + [(spec.head(), 1)]
+    for (name, k, n, transposed), reps in lins:
+        fx, bx = ("y", "x") if transposed else ("x", "y")  # forward / backward AR axes
+        fwd_elems = t * n // g.size(bx)  # output columns are split over the other axis
+        bwd_elems = t * k // g.size(fx)
+        block = -(-k * n // (g.x * g.y))  # the weight block gathered over z
+        shard = -(-block // g.z)
+        dt, gdt = spec.dtype, spec.grad_dtype
+        if g.size(fx) > 1:
+            out.append(Message(fx, "all_reduce", fwd_elems, dt, reps * acc * fwd_runs, "fwd_ar",
+                               name, "none"))
+        if g.size(bx) > 1:
+            out.append(Message(bx, "all_reduce", bwd_elems, dt, reps * acc, "bwd_ar", name, "dW"))
+        if g.z > 1:
+            out.append(Message("z", "all_gather", block, dt, reps * acc, "fwd_ag", name,
+                               "fwd_compute"))
+            # the backward all-gather, and the recomputed forward's one (also in backward)
+            out.append(Message("z", "all_gather", block, dt, reps * acc * fwd_runs, "bwd_ag",
+                               name, "bwd_compute"))
+            out.append(Message("z", "reduce_scatter", block, dt, reps * acc, "rs", name,
+                               "bwd_compute"))
+        if g.data > 1:
+            out.append(Message("data", "all_reduce", shard, gdt, reps, "data_ar", name, "none"))
+    return out
+
+
+# ---- compute and memory ------------------------------------------------------------------
+
+
+def compute_flops(spec: TransformerSpec, g: Grid4D) -> dict:
+    """FLOPs per rank per micro-batch: forward of one layer, of the head, attention core."""
+    mb, _ = batch_split(spec, g)
+    t = mb * spec.seq_len
+    gemm = sum(2 * t * k * n / (g.x * g.y) for _, k, n, _ in spec.linears())
+    # QK^T and AV: 4 b s^2 h per layer; heads are split over y and repeated over x.
+    attn = 4 * mb * spec.seq_len**2 * spec.hidden / g.y
+    _, k, n, _ = spec.head()
+    head = 2 * t * k * n / (g.x * g.y)
+    return {"layer_gemm": gemm, "layer_attention": attn, "head": head}
+
+
+def memory(spec: TransformerSpec, g: Grid4D) -> dict:
+    """Bytes per GPU: weights, gradients, optimizer state, transient gathered weights,
+    activations (docs/planner.md, "Memory")."""
+    mb, _ = batch_split(spec, g)
+    t = mb * spec.seq_len
+    h, a, s = spec.hidden, spec.heads, spec.seq_len
+    p_local = spec.tp_params() / (g.x * g.y * g.z) + spec.replicated_params()
+    w_b = DTYPE_BYTES[spec.dtype]
+    weights = w_b * p_local
+    grads = DTYPE_BYTES[spec.grad_dtype] * p_local
+    optimizer = 12 * p_local  # fp32 master weights + Adam m and v
+    largest = max(k * n for _, k, n, _ in spec.linears() + [spec.head()]) / (g.x * g.y)
+    # Gathered blocks: the one in use and the prefetched one, plus dW before its RS.
+    transient = (3 * w_b * largest) if g.z > 1 else (w_b * largest)
+    # Activations of one layer (flash attention: no s^2 scores kept), 16-bit:
+    #   x-split: LN1 in/out, LN2 in/out (2 B) and two dropout masks (1 B): 10 t h / Gx bytes
+    #   y-split: Q, K, V, attention out, fc1 out, GeLU out: 2 * 12 t h / Gy bytes
+    #   softmax statistics: 4 B per (sequence, head, position), heads split over y.
+    layer_full = (10 * t * h / g.x + 24 * t * h / g.y + 4 * mb * (a / g.y) * s)
+    logits = 6 * t * spec.vocab / g.y  # bf16 logits and their fp32 softmax
+    if spec.recompute:
+        checkpoints = spec.layers * 2 * t * h / g.x  # each layer's input
+        activations = checkpoints + 2 * layer_full + logits  # one layer live, with its grads
+    else:
+        activations = spec.layers * layer_full + layer_full + logits
+    total = weights + grads + optimizer + transient + activations
+    return {"weights": weights, "gradients": grads, "optimizer": optimizer,
+            "transient": transient, "activations": activations, "total": total}
+
+
+def fits(mem: dict, profile) -> bool:
+    return mem["total"] <= USABLE_MEMORY_FRACTION * profile.memory_bytes
+
+
+# ---- collective times through the C++ model ------------------------------------------------
+
+
+class CollectiveModel:
+    """Predicted times of collectives on the groups of a grid: one call into fourd._C per
+    distinct (collective, bytes, placement), cached."""
+
+    def __init__(self, profile):
+        self.profile = profile
+        self._native_profile = profile.native()
+        self._c = native_module()
+        self._cache = {}
+
+    def times(self, collective: str, nbytes: int, dtype: str, pl: Placement) -> dict:
+        """{algorithm: seconds} for every concrete algorithm (inf when unsupported)."""
+        key = (collective, nbytes, dtype, pl)
+        hit = self._cache.get(key)
+        if hit is None:
+            preds = self._c.candidates(collective, int(nbytes), dtype, pl.native(),
+                                       self._native_profile)
+            hit = {p.algorithm: p.seconds for p in preds}
+            self._cache[key] = hit
+        return hit
+
+    def predict(self, collective: str, algorithm: str, nbytes: int, dtype: str,
+                pl: Placement) -> float:
+        if algorithm == "auto":
+            return min(self.times(collective, nbytes, dtype, pl).values())
+        return self.times(collective, nbytes, dtype, pl)[algorithm]
+
+
+# ---- one configuration ---------------------------------------------------------------------
+
+
+@dataclass
+class Evaluation:
+    grid: Grid4D
+    order: str
+    algorithms: dict  # axis -> algorithm name ("-" for an axis of size 1)
+    step_time: float
+    compute_time: float
+    comm_time: dict  # axis -> seconds of all its collectives per step
+    exposed_time: dict  # axis -> seconds not hidden under compute
+    memory: dict
+    fits: bool
+    placements: dict
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def exposed_total(self) -> float:
+        return sum(self.exposed_time.values())
+
+
+def _choose_axis_algorithms(axis_msgs: dict, policy) -> dict:
+    """Per axis: the fixed algorithm with the least total time, or "auto" (per-call best) when
+    that is more than 2% faster. `policy` forces one algorithm for every axis (e.g. "flat").
+    `axis_msgs` maps an axis to [(count, {algorithm: seconds}), ...]."""
+    choice = {}
+    for axis, msgs in axis_msgs.items():
+        if not msgs:
+            choice[axis] = "-"
+            continue
+        if policy is not None:
+            choice[axis] = policy
+            continue
+        totals = {a: sum(c * t[a] for c, t in msgs) for a in ALGORITHMS}
+        best = min(ALGORITHMS, key=lambda a: (totals[a], ALGORITHMS.index(a)))
+        auto = sum(c * min(t.values()) for c, t in msgs)
+        choice[axis] = "auto" if auto < 0.98 * totals[best] else best
+    return choice
+
+
+def evaluate(spec: TransformerSpec, g: Grid4D, order, profile, cm: CollectiveModel,
+             policy=None, overlap_data=False, msgs=None, baseline=None):
+    """Predicted step time of one configuration.
+
+    Schedule (per micro-batch, per layer; docs/planner.md "Overlap"): forward all-reduces are
+    synchronous (exposed); the z all-gathers are prefetched and hide under the layer's
+    compute; each backward all-reduce hides under its Linear's dW GEMM; the backward z stream
+    (all-gathers, recompute all-gathers, reduce-scatters) hides under the backward compute;
+    the data-parallel all-reduce runs after the last micro-batch (exposed unless
+    `overlap_data`, then hidden under the last backward pass).
+
+    `msgs` (from messages(spec, g)) may be passed to share it across orders. With
+    `baseline="flat"` (or another algorithm) returns (evaluation, baseline evaluation), the
+    second with that algorithm forced on every axis.
+    """
+    order_s = "-".join(parse_order(order))
+    pls = grid_placements(g.sizes(), order_s, profile.ranks_per_node)
+    if msgs is None:
+        msgs = messages(spec, g)
+    times = [cm.times(m.collective, m.nbytes, m.dtype, pls[m.axis]) for m in msgs]
+    by_axis = {a: [] for a in AXES}
+    for m, t in zip(msgs, times):
+        by_axis[m.axis].append((m.count, t))
+
+    mb, acc = batch_split(spec, g)
+    fl = compute_flops(spec, g)
+    rate = profile.compute_flops
+    c_f = {"layer": (fl["layer_gemm"] + fl["layer_attention"]) / rate, "head": fl["head"] / rate}
+    c_b = {k: 2 * v for k, v in c_f.items()}
+    reps = {"layer": spec.layers, "head": 1}
+    rec = 1 if spec.recompute else 0
+    t_tok = mb * spec.seq_len
+    dw_time = {name: 2 * t_tok * k * n / (g.x * g.y) / rate
+               for name, k, n, _ in spec.linears() + [spec.head()]}
+    mem = memory(spec, g)
+    ok = fits(mem, profile)
+    compute = acc * sum(reps[k] * (c_f[k] * (1 + rec) + c_b[k]) for k in c_f)
+
+    def schedule(algos: dict) -> Evaluation:
+        comm = {a: 0.0 for a in AXES}
+        exposed = {a: 0.0 for a in AXES}
+        f_ar = {k: {a: 0.0 for a in AXES} for k in c_f}
+        exp_bwd = {k: {a: 0.0 for a in AXES} for k in c_f}
+        z_ag_f = {k: 0.0 for k in c_f}
+        z_b = {k: 0.0 for k in c_f}
+        data_ar = 0.0
+        for m, t in zip(msgs, times):
+            a = algos[m.axis]
+            sec = min(t.values()) if a == "auto" else t[a]
+            comm[m.axis] += m.count * sec
+            grp = "head" if m.linear == "head" else "layer"
+            role = m.role
+            if role == "fwd_ar":
+                f_ar[grp][m.axis] += sec
+            elif role == "bwd_ar":
+                exp_bwd[grp][m.axis] += max(0.0, sec - dw_time[m.linear])
+            elif role == "fwd_ag":
+                z_ag_f[grp] += sec
+            elif role == "bwd_ag":
+                z_b[grp] += (1 + rec) * sec
+            elif role == "rs":
+                z_b[grp] += sec
+            else:
+                data_ar += m.count * sec
+        micro = 0.0
+        for k in c_f:
+            exp_ag_f = max(0.0, z_ag_f[k] - c_f[k])
+            c_b_total = c_b[k] + rec * c_f[k]
+            exp_z_b = max(0.0, z_b[k] - c_b_total)
+            far = sum(f_ar[k].values())
+            micro += reps[k] * (c_f[k] + far + exp_ag_f + c_b_total + rec * far
+                                + sum(exp_bwd[k].values()) + exp_z_b)
+            for a in AXES:
+                exposed[a] += acc * reps[k] * ((1 + rec) * f_ar[k][a] + exp_bwd[k][a])
+            exposed["z"] += acc * reps[k] * (exp_ag_f + exp_z_b)
+        last_bwd = sum(reps[k] * c_b[k] for k in c_b)
+        data_exposed = max(0.0, data_ar - last_bwd) if overlap_data else data_ar
+        exposed["data"] += data_exposed
+        return Evaluation(grid=g, order=order_s, algorithms=algos, step_time=acc * micro +
+                          data_exposed, compute_time=compute, comm_time=comm,
+                          exposed_time=exposed, memory=mem, fits=ok, placements=pls,
+                          detail={"micro_batch": mb, "accumulation": acc,
+                                  "messages": len(msgs)})
+
+    ev = schedule(_choose_axis_algorithms(by_axis, policy))
+    if baseline is None:
+        return ev
+    return ev, schedule(_choose_axis_algorithms(by_axis, baseline))
+
+
+def model_flops_per_step(spec: TransformerSpec) -> float:
+    """6 P tokens + attention (no recomputation counted): the useful work of one step."""
+    tokens = spec.global_batch * spec.seq_len
+    attn = 12 * spec.layers * spec.global_batch * spec.seq_len**2 * spec.hidden
+    return 6 * spec.params() * tokens + attn
+
+
+def divisor_grids(world: int):
+    """Every (Gx, Gy, Gz, Gdata) of positive integers whose product is `world`."""
+    divs = [d for d in range(1, world + 1) if world % d == 0]
+    for x in divs:
+        for y in divs:
+            if world % (x * y):
+                continue
+            for z in divs:
+                if world % (x * y * z):
+                    continue
+                yield Grid4D(x, y, z, world // (x * y * z))
+
+
+def distinct_orders(g: Grid4D) -> list:
+    """Orders that place the groups differently: permutations of the axes of size > 1, the
+    axes of size 1 appended in default order (their position does not matter)."""
+    big = [a for a in AXES if g.size(a) > 1]
+    small = [a for a in AXES if g.size(a) == 1]
+    return ["-".join(p + tuple(small)) for p in itertools.permutations(big)] or ["x-y-z-data"]
