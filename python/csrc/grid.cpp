@@ -140,9 +140,47 @@ py::dict topologyDict(const fourd::GroupTopology& t) {
   return d;
 }
 
+// Fast path for numpy arrays (and any buffer-protocol object): (address, count, dtype code) of
+// a C-contiguous buffer of a supported type, writable if asked; None otherwise, and the Python
+// layer then produces the precise error message.
+py::object bufferInfo(py::handle obj, bool writable) {
+  Py_buffer view;
+  const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+    PyErr_Clear();
+    return py::none();
+  }
+  int code = -1;
+  const char* f = view.format ? view.format : "B";
+  if (*f == '=' || *f == '<' || *f == '@') ++f;
+  const char c = f[0];
+  const bool single = f[0] != '\0' && f[1] == '\0';
+  if (single) {
+    switch (c) {
+      case 'f': code = view.itemsize == 4 ? 0 : -1; break;
+      case 'd': code = view.itemsize == 8 ? 1 : -1; break;
+      case 'e': code = view.itemsize == 2 ? 2 : -1; break;
+      case 'b': code = 4; break;
+      case 'B': code = 5; break;
+      case 'i': case 'l': case 'q':
+        code = view.itemsize == 4 ? 6 : view.itemsize == 8 ? 7 : -1;
+        break;
+      default: break;
+    }
+  }
+  py::object out = py::none();
+  if (code >= 0) {
+    out = py::make_tuple(reinterpret_cast<uintptr_t>(view.buf),
+                         static_cast<size_t>(view.len / view.itemsize), code);
+  }
+  PyBuffer_Release(&view);
+  return out;
+}
+
 }  // namespace
 
 void register_grid(py::module_& m) {
+  m.def("buffer_info", &bufferInfo, py::arg("obj"), py::arg("writable"));
   gMainThread = PyThread_get_thread_ident();
   py::object threading = py::module_::import("threading");
   gMainThread = threading.attr("main_thread")().attr("ident").cast<unsigned long>();

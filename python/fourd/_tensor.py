@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 
+from ._C import buffer_info as _buffer_info
 from .errors import DTypeError, InvalidArgumentError
 
 # Codes of fourd::DataType (cpp/include/fourd/data_type.hpp).
@@ -60,6 +61,10 @@ def _describe(obj) -> str:
 def resolve(obj, arg: str, writable: bool):
     """Returns (address, count, dtype_code, device_type, device_index) of a contiguous tensor or
     array. `arg` names the argument in error messages; `writable` means fourd writes into it."""
+    if type(obj) is np.ndarray:
+        info = _buffer_info(obj, writable)
+        if info is not None:
+            return info[0], info[1], info[2], 0, 0
     if isinstance(obj, np.ndarray):
         code = _NUMPY_CODES.get(obj.dtype)
         if code is None:
@@ -93,12 +98,11 @@ def resolve(obj, arg: str, writable: bool):
                 f"{arg}: fourd would write into a tensor that requires grad; pass tensor.detach() "
                 f"or use fourd.tensor_parallel's autograd functions"
             )
-        dev = obj.device
-        if dev.type == "cpu":
+        if obj.is_cpu:
             return obj.data_ptr(), obj.numel(), code, 0, 0
-        if dev.type == "cuda":
-            return obj.data_ptr(), obj.numel(), code, 1, dev.index or 0
-        raise InvalidArgumentError(f"{arg}: expected a CPU or CUDA tensor, found device {dev}")
+        if obj.is_cuda:
+            return obj.data_ptr(), obj.numel(), code, 1, obj.get_device()
+        raise InvalidArgumentError(f"{arg}: expected a CPU or CUDA tensor, found device {obj.device}")
     raise DTypeError(f"{arg}: expected a torch.Tensor or numpy.ndarray, found {_describe(obj)}")
 
 
