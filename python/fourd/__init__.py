@@ -79,6 +79,14 @@ def explain(collective, nbytes, axis="world", *, grid=None, dtype="float32"):
     return _g(grid).explain(collective, nbytes, axis, dtype)
 
 
+def calibrate(*args, **kwargs):
+    """Measure a machine profile with fourd's own collectives and save it (see
+    ``python -m fourd.plan --calibrate``). Collective: call on every rank."""
+    from .plan import calibrate as _calibrate
+
+    return _calibrate(*args, **kwargs)
+
+
 def build_info() -> dict:
     """Version, MPI library, and whether CUDA/NCCL support is compiled in."""
     return {
@@ -119,6 +127,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "build_info",
+    "calibrate",
     "explain",
     "finalize",
     "get_grid",

@@ -112,6 +112,24 @@ class Grid:
         self._rank = native.world_rank
         self._coords = native.coords(self._rank)
         self._finalized = False
+        # Per-axis algorithm used when a call says "auto" (set from a planner's choice).
+        self._axis_algorithms: dict = {}
+
+    def set_axis_algorithm(self, axis, algorithm: str) -> None:
+        """Make `algorithm` the default of `axis` for calls that ask for "auto" (as
+        ``fourd.init(plan=...)`` does with the planner's choice per axis)."""
+        code = _algo_code(algorithm)
+        mask = axis_mask(axis)
+        if code == 0:
+            self._axis_algorithms.pop(mask, None)
+        else:
+            self._axis_algorithms[mask] = code
+
+    def _algo(self, algorithm, mask) -> int:
+        code = _algo_code(algorithm)
+        if code == 0 and self._axis_algorithms:
+            return self._axis_algorithms.get(mask, 0)
+        return code
 
     # ---- shape and ranks -------------------------------------------------------------------
     @property
@@ -197,32 +215,35 @@ class Grid:
     def all_reduce(self, tensor, axis="world", op="sum", *, algorithm="auto", async_op=False,
                    timeout=None, accumulate_fp32=False):
         """Reduce `tensor` in place over the group along `axis`."""
-        comm = self._comm(axis_mask(axis))
+        mask = axis_mask(axis)
+        comm = self._comm(mask)
         p, n, dt, dev, idx = resolve(tensor, "tensor", True)
-        return comm.all_reduce(p, p, n, dt, dev, idx, _op_code(op), _algo_code(algorithm),
+        return comm.all_reduce(p, p, n, dt, dev, idx, _op_code(op), self._algo(algorithm, mask),
                                _timeout(timeout), async_op, accumulate_fp32,
                                tensor if async_op else None)
 
     def all_gather(self, output, input, axis="world", *, algorithm="auto", async_op=False,
                    timeout=None):
         """output = the inputs of the group along `axis`, concatenated in group-rank order."""
-        comm = self._comm(axis_mask(axis))
+        mask = axis_mask(axis)
+        comm = self._comm(mask)
         ip, ic, idt, dev, idx = resolve(input, "input", False)
         op_, oc, odt, odev, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
-        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, _algo_code(algorithm),
+        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, self._algo(algorithm, mask),
                                _timeout(timeout), async_op,
                                (output, input) if async_op else None)
 
     def reduce_scatter(self, output, input, axis="world", op="sum", *, algorithm="auto",
                        async_op=False, timeout=None, accumulate_fp32=False):
         """Reduce `input` (group-size blocks) over the group; block i ends on group rank i."""
-        comm = self._comm(axis_mask(axis))
+        mask = axis_mask(axis)
+        comm = self._comm(mask)
         ip, ic, idt, dev, idx = resolve(input, "input", False)
         op_, oc, odt, odev, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
         return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, _op_code(op),
-                                   _algo_code(algorithm), _timeout(timeout), async_op,
+                                   self._algo(algorithm, mask), _timeout(timeout), async_op,
                                    accumulate_fp32, (output, input) if async_op else None)
 
     def broadcast(self, tensor, src, axis="world", *, async_op=False, timeout=None):
@@ -252,6 +273,18 @@ class Grid:
             "choice": forced or comm.choose(collective, int(nbytes), dtype),
             "forced_by_env": forced is not None,
         }
+
+    def algorithm_for(self, collective: str, nbytes: int, axis="world", dtype: str = "float32") -> str:
+        """The algorithm a call with algorithm="auto" runs: the axis default set by a plan, else
+        FOURD_ALGORITHM, else the cost model's choice."""
+        mask = axis_mask(axis)
+        code = self._axis_algorithms.get(mask)
+        if code:
+            return next(k for k, v in ALGORITHMS.items() if v == code)
+        forced = os.environ.get("FOURD_ALGORITHM")
+        if forced:
+            return forced
+        return self._comm(mask).choose(collective, int(nbytes), dtype)
 
     def finalize(self, timeout: float | None = None) -> bool:
         """Wait for operations in flight (up to the timeout), then free the communicators."""
@@ -374,6 +407,9 @@ def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm
             raise local_error from None
         raise
     g = Grid(native, comm, native.order)
+    for ax, algo in (getattr(plan, "algorithms", None) or {}).items():
+        if algo not in (None, "-", "auto") and g.size(ax) > 1:
+            g.set_axis_algorithm(ax, algo)
     with _lock:
         _current = g
         _all_grids.add(g)

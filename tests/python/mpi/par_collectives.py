@@ -210,3 +210,25 @@ def test_grid_matches_independent_rank_arithmetic():
                 want = [ME + (i - c[a]) * strides[a] for i in range(g.shape[a])]
                 assert g.ranks(a) == want
             fourd.finalize()
+
+
+def test_init_from_a_plan():
+    from fourd.plan.search import Plan
+
+    class Choice:  # anything with grid_kwargs() and per-axis algorithms
+        algorithms = {"x": "flat", "data": "flat", "y": "-", "z": "-"}
+
+        def grid_kwargs(self):
+            return {"x": 2 if N % 2 == 0 else 1, "y": 1, "z": 1, "data": N // (2 if N % 2 == 0 else 1),
+                    "order": "data-x-y-z"}
+
+    g = fourd.init(plan=Choice())
+    assert g.order == "data-x-y-z"
+    assert g.shape["x"] == Choice().grid_kwargs()["x"]
+    if g.size("data") > 1:
+        assert g.algorithm_for("all_reduce", 1 << 20, "data") == "flat"
+    t = torch.full((10,), float(ME))
+    fourd.all_reduce(t, "data")
+    assert torch.all(t == sum(g.ranks("data")))
+    fourd.finalize()
+    assert hasattr(Plan, "grid_kwargs")
