@@ -1,0 +1,80 @@
+"""Bandwidth conventions and physical bounds (pure functions, no MPI).
+
+busbw follows nccl-tests exactly: algbw = S / t with S the full array (the all-reduce buffer, the
+gathered output of all-gather, the scattered input of reduce-scatter) and GB = 1e9 bytes;
+busbw = algbw x 2(n-1)/n for all-reduce, (n-1)/n for all-gather and reduce-scatter, 1 for
+broadcast.
+
+The bound of a row is the time below which no algorithm can go on this machine, from two
+measured or given bandwidths (bandwidth terms only; latency is not part of it):
+
+  * Bi, the memory-copy bandwidth of one rank while every rank copies at once (measured at start
+    with numpy), for traffic inside a node;
+  * Be, the link rate of one node (--link-rate or FOURD_CLUSTER_RATE_BPS), for traffic between
+    nodes.
+
+For a group of N nodes with k ranks each and S bytes (c = 2 for all-reduce, 1 for all-gather and
+reduce-scatter):
+
+  T_net   = c (N-1)/N * S / Be     (every node must move that much through its link)
+  T_intra = c (k-1)/k * S / Bi     (every rank must move that much inside its node)
+  T_min   = max(T_net, T_intra)    (stages pipelined; the sum when they are not)
+
+Broadcast: T_net = S / Be when N > 1 and T_intra = S / Bi when k > 1.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+GB = 1e9
+
+
+def bus_factor(collective: str, n: int) -> float:
+    if n <= 1:
+        return 0.0
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def bandwidths(collective: str, nbytes: int, n: int, seconds: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s for S = nbytes moved in `seconds` by a group of n ranks."""
+    if not seconds > 0:
+        return 0.0, 0.0
+    algbw = nbytes / seconds / GB
+    return algbw, algbw * bus_factor(collective, n)
+
+
+def bound(collective: str, nbytes: int, nodes: int, k: int, intra_bps: float | None,
+          link_bps: float | None) -> dict | None:
+    """The physical bound of one row: {"t_min_s", "t_sum_s", "t_net_s", "t_intra_s"}, None when
+    neither term applies or can be computed (a one-rank group, or only an unknown link)."""
+    c = 2.0 if collective == "all_reduce" else 1.0
+    t_net = t_intra = None
+    if nodes > 1 and link_bps:
+        t_net = nbytes / link_bps if collective == "broadcast" else c * (nodes - 1) / nodes * nbytes / link_bps
+    if k > 1 and intra_bps:
+        t_intra = nbytes / intra_bps if collective == "broadcast" else c * (k - 1) / k * nbytes / intra_bps
+    terms = [t for t in (t_net, t_intra) if t is not None]
+    if not terms:
+        return None
+    return {"t_min_s": max(terms), "t_sum_s": sum(terms), "t_net_s": t_net, "t_intra_s": t_intra}
+
+
+def memcpy_bandwidth(nbytes: int = 16 << 20, reps: int = 5) -> float:
+    """Copy bandwidth of this process in bytes/s (bytes copied per second, best of `reps` numpy
+    copies of `nbytes`). Call it on every rank at once to include the contention of a node."""
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch the pages
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return src.nbytes / best

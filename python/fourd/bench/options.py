@@ -1,0 +1,503 @@
+"""Command line of ``python -m fourd.bench``: parsing and validation, with no MPI.
+
+Every rank parses the same argv, so every rank reaches the same verdict; the driver then prints
+a UsageError on rank 0 only and every rank exits with status 2. Names follow nccl-tests where
+nccl-tests has the option (-b -e -f -i -n -w -c -d -o -T -J).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+AXES = ("x", "y", "z", "data")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+DEFAULT_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+ALGORITHMS = ("flat", "ring", "rhd", "hierarchical", "shm")
+OPS = ("sum", "prod", "min", "max", "avg")
+BASELINES = ("mpi", "torch")
+REDUCING = ("all_reduce", "reduce_scatter")
+
+# fourd's dtypes and the aliases accepted on the command line (nccl-tests and torch names).
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+DTYPE_ALIASES = {
+    "float": "float32", "float32": "float32", "fp32": "float32",
+    "double": "float64", "float64": "float64", "fp64": "float64",
+    "half": "float16", "float16": "float16", "fp16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "int8": "int8", "char": "int8", "uint8": "uint8",
+    "int32": "int32", "int": "int32", "int64": "int64",
+}
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
+            "int32": 4, "int64": 8}
+FLOATING = ("float32", "float64", "float16", "bfloat16")
+OP_ALIASES = {"sum": "sum", "prod": "prod", "product": "prod", "min": "min", "max": "max",
+              "avg": "avg", "mean": "avg"}
+
+# Default sweep: 1 KiB .. 16 MiB by 4 keeps a no-flag run on 4 ranks of a 2-core machine well
+# inside 90 s while covering the latency-bound and the bandwidth-bound ends.
+DEFAULT_MINBYTES = 1024
+DEFAULT_MAXBYTES = 16 * 1024 * 1024
+DEFAULT_STEPFACTOR = 4.0
+MAX_SIZES = 200
+
+
+class UsageError(Exception):
+    """A bad command line. The message names the option, what was expected and what was found."""
+
+
+class HelpRequested(Exception):
+    """-h/--help: print the help (rank 0) and exit 0."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse would print and sys.exit() on every rank; raise instead, the driver decides.
+    def error(self, message):
+        raise UsageError(message)
+
+    def exit(self, status=0, message=None):  # pragma: no cover - only reached through error()
+        raise UsageError(message or f"exit {status}")
+
+
+def _size(text: str) -> int:
+    """'64', '1K', '16M', '1G', '4KiB', '2MB' -> bytes (binary multiples, as nccl-tests)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"expected a size in bytes such as 1024, 64K, 16M or 1G; found {text!r}")
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(m.group(1)) * mult
+
+
+def parse_rate(text: str) -> float:
+    """A link rate in tc syntax -> bytes per second. 'bit' units are bits per second and 'bps'
+    units bytes per second (tc's convention, as run_cluster.sh --rate); a bare number is bits/s."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps)?\s*", text.lower())
+    if not m:
+        raise UsageError(
+            f"--link-rate: expected a rate such as 4gbit, 800mbit or 1.25gbps (bytes/s); found {text!r}")
+    mult = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2)]
+    value = float(m.group(1)) * mult
+    bytes_per_s = value if m.group(3) == "bps" else value / 8.0
+    if not bytes_per_s > 0:
+        raise UsageError(f"--link-rate: expected a positive rate; found {text!r}")
+    return bytes_per_s
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m fourd.bench",
+        description=(
+            "Benchmark fourd's collectives on a 4D process grid, nccl-tests style: time, algbw, "
+            "busbw and #wrong per size, out-of-place and in-place, next to MPI (mpi4py) and "
+            "torch.distributed (gloo) on the same ranks, with the physical bound per row. "
+            "Run it under MPI: mpiexec -n 4 python -m mpi4py -m fourd.bench"),
+        add_help=False,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "Sizes take K/M/G suffixes (binary). Lists are comma separated. Exit status: 0 when "
+            "every check passed, 1 when a row had #wrong > 0, 2 for a bad command line.\n"
+            "See docs/benchmark.md for the output columns and the JSON schema."),
+    )
+    g = p.add_argument_group("sizes and iterations (nccl-tests names)")
+    g.add_argument("-b", "--minbytes", type=_size, default=DEFAULT_MINBYTES, metavar="SIZE",
+                   help="smallest message size in bytes (default 1K)")
+    g.add_argument("-e", "--maxbytes", type=_size, default=DEFAULT_MAXBYTES, metavar="SIZE",
+                   help="largest message size in bytes (default 16M)")
+    g.add_argument("-f", "--stepfactor", type=float, default=None, metavar="F",
+                   help="multiply the size by F from one row to the next (default 4)")
+    g.add_argument("-i", "--stepbytes", type=_size, default=None, metavar="SIZE",
+                   help="add SIZE bytes from one row to the next instead of -f")
+    g.add_argument("-n", "--iters", type=int, default=None, metavar="N",
+                   help="timed iterations per row (default: adaptive, 3 to 20, about 50 ms of "
+                        "timed work per row)")
+    g.add_argument("-w", "--warmup_iters", "--warmup-iters", dest="warmup_iters", type=int,
+                   default=1, metavar="N", help="untimed warm-up iterations per row (default 1)")
+    g.add_argument("-c", "--check", type=int, default=1, metavar="N",
+                   help="checked iterations per row against a closed form; 0 = no check "
+                        "(#wrong shows N/A) (default 1)")
+    g.add_argument("-T", "--timeout", type=float, default=None, metavar="SECONDS",
+                   help="deadline of each fourd call (default: fourd's, FOURD_TIMEOUT_S or 300)")
+
+    g = p.add_argument_group("what to measure")
+    g.add_argument("-d", "--datatype", default="float", metavar="TYPES",
+                   help="float, double, half, bfloat16, int8, uint8, int32, int64 (or float32, "
+                        "float64, float16), a comma list, or all (default float)")
+    g.add_argument("-o", "--op", default="sum", metavar="OPS",
+                   help="sum, prod, min, max, avg, a comma list, or all (default sum); "
+                        "all_gather and broadcast have no op")
+    g.add_argument("--collective", default=None, metavar="NAMES",
+                   help="all_reduce, all_gather, reduce_scatter, broadcast, a comma list, or "
+                        "all (default: all_reduce,all_gather,reduce_scatter)")
+    g.add_argument("--axis", default=None, metavar="AXES",
+                   help="x, y, z, data, world, a combination like z+data, a comma list, or all "
+                        "(every combination). Default: every axis with more than one rank, "
+                        "then world")
+    g.add_argument("--algorithm", default=None, metavar="NAMES",
+                   help="auto, flat, ring, rhd, hierarchical, shm, a comma list, or all. "
+                        "Default: auto plus every algorithm fourd.explain reports as able to "
+                        "run the axis")
+    g.add_argument("--baseline", default=None, metavar="NAMES",
+                   help="mpi, torch, a comma list, or none (default: every one installed)")
+
+    g = p.add_argument_group("grid and topology")
+    g.add_argument("--grid", default=None, metavar="SPEC",
+                   help="grid sizes such as x=2,y=2,z=1,data=1 (missing axes are 1, data "
+                        "defaults to the remaining ranks). Default on one host: x=2,data=N/2 "
+                        "with --ranks-per-node 2 (virtual nodes); on several hosts: x = ranks "
+                        "per host, data = hosts")
+    g.add_argument("--order", default="x-y-z-data", metavar="ORDER",
+                   help="rank order, innermost axis first (default x-y-z-data)")
+    g.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
+                   help="treat every K consecutive ranks as one node (virtual topology)")
+    g.add_argument("--link-rate", default=None, metavar="RATE",
+                   help="link rate of each node, tc syntax: 4gbit, 800mbit, 1.25gbps (bytes/s). "
+                        "Default: FOURD_CLUSTER_RATE_BPS (set by bench/cluster/run_cluster.sh)")
+
+    g = p.add_argument_group("output")
+    g.add_argument("-J", "--json", default=None, metavar="FILE", help="write every row as JSON")
+    g.add_argument("--csv", default=None, metavar="FILE", help="write every row as CSV")
+    g.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="plot busbw against size per algorithm and baseline (needs matplotlib)")
+    g.add_argument("--quiet", action="store_true",
+                   help="print only the summary: no header, tables, notes or progress bar")
+    g.add_argument("--progress", action="store_true",
+                   help="show the progress bar even when stderr is not a terminal (under "
+                        "mpiexec it usually is not)")
+    g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    return p
+
+
+@dataclass
+class AxisSpec:
+    name: str  # as shown: "x", "z+data", "world"
+    mask: int  # fourd's axis bit mask over the non-trivial axes
+    group_size: int
+
+
+@dataclass
+class Config:
+    """A validated command line, resolved against the world size and the hosts."""
+
+    argv: list
+    sizes: list
+    iters: int | None
+    warmup: int
+    check: int
+    timeout: float | None
+    dtypes: list
+    ops: list
+    collectives: list
+    axes: list  # of AxisSpec
+    axes_requested: bool
+    algorithms: list  # "auto" first, then explicit algorithms; None entries never
+    algorithms_requested: bool
+    baselines: list
+    baselines_requested: bool
+    grid: dict  # x, y, z, data
+    order: str
+    ranks_per_node: int | None
+    grid_source: str
+    link_rate: float | None  # bytes/s
+    link_rate_source: str
+    json: str | None
+    csv: str | None
+    plot: str | None
+    quiet: bool
+    progress: bool
+    notes: list = field(default_factory=list)
+    raw: dict = field(default_factory=dict)
+
+
+_BIT = {"x": 1, "y": 2, "z": 4, "data": 8}
+
+
+def _sizes(args) -> list[int]:
+    lo, hi = args.minbytes, args.maxbytes
+    if lo < 1:
+        raise UsageError(f"-b/--minbytes: expected at least 1 byte; found {lo}")
+    if hi < lo:
+        raise UsageError(f"-e/--maxbytes: expected at least -b/--minbytes ({lo}); found {hi}")
+    if args.stepbytes is not None and args.stepfactor is not None:
+        raise UsageError("-f/--stepfactor and -i/--stepbytes: expected one of them, found both")
+    out = []
+    if args.stepbytes is not None:
+        if args.stepbytes < 1:
+            raise UsageError(f"-i/--stepbytes: expected at least 1 byte; found {args.stepbytes}")
+        s = lo
+        while s <= hi and len(out) <= MAX_SIZES:
+            out.append(s)
+            s += args.stepbytes
+    else:
+        f = DEFAULT_STEPFACTOR if args.stepfactor is None else args.stepfactor
+        if not (f > 1.0) or math.isinf(f):
+            raise UsageError(f"-f/--stepfactor: expected a factor greater than 1; found {f:g}")
+        s = float(lo)
+        while round(s) <= hi and len(out) <= MAX_SIZES:
+            if not out or round(s) != out[-1]:
+                out.append(round(s))
+            s *= f
+    if len(out) > MAX_SIZES:
+        raise UsageError(
+            f"-b/-e/-f/-i: expected at most {MAX_SIZES} sizes; found more (from {lo} to {hi}); "
+            f"use a larger step")
+    return out
+
+
+def _choose(text: str | None, option: str, names, aliases=None, allow_all=True,
+            all_value=None) -> list[str] | None:
+    if text is None:
+        return None
+    items = _split(text)
+    if not items:
+        raise UsageError(f"{option}: expected a name or a comma list; found {text!r}")
+    if allow_all and any(i.lower() == "all" for i in items):
+        if len(items) > 1:
+            raise UsageError(f"{option}: 'all' cannot be combined with other names; found {text!r}")
+        return list(all_value if all_value is not None else names)
+    out = []
+    for i in items:
+        key = i.lower()
+        v = (aliases or {}).get(key, key if key in names else None)
+        if v is None:
+            choices = ", ".join(names) + (", all" if allow_all else "")
+            raise UsageError(f"{option}: expected one of {choices}; found {i!r}")
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def parse_grid(text: str, world: int) -> dict:
+    sizes: dict = {}
+    for item in _split(text):
+        k, sep, v = item.partition("=")
+        k = k.strip()
+        if not sep or k not in AXES:
+            raise UsageError(
+                f"--grid: expected axis=size pairs such as x=2,y=2,z=1,data=1; found {item!r}")
+        if k in sizes:
+            raise UsageError(f"--grid: axis {k!r} given twice in {text!r}")
+        try:
+            n = int(v)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise UsageError(f"--grid: expected a size >= 1 for {k}; found {v.strip()!r}")
+        sizes[k] = n
+    if not sizes:
+        raise UsageError(f"--grid: expected axis=size pairs such as x=2,data=2; found {text!r}")
+    x, y, z = sizes.get("x", 1), sizes.get("y", 1), sizes.get("z", 1)
+    if "data" not in sizes:
+        if world % (x * y * z):
+            raise UsageError(
+                f"--grid: x*y*z = {x * y * z} must divide the {world} ranks; found {text!r}")
+        sizes["data"] = world // (x * y * z)
+    total = x * y * z * sizes["data"]
+    if total != world:
+        raise UsageError(
+            f"--grid: x*y*z*data must equal the number of ranks ({world}); found {total} from "
+            f"{text!r}")
+    return {"x": x, "y": y, "z": z, "data": sizes["data"]}
+
+
+def parse_order(text: str) -> str:
+    parts = [p.strip() for p in re.split(r"[-,]", text) if p.strip()]
+    if sorted(parts) != sorted(AXES):
+        raise UsageError(
+            f"--order: expected the four axes x, y, z, data in some order, such as x-y-z-data; "
+            f"found {text!r}")
+    return "-".join(parts)
+
+
+def default_grid(world: int, hosts: list[str]) -> tuple[dict, int | None, str]:
+    """The grid of a run without --grid: on several hosts x = ranks per host and data = hosts
+    (so x is intra-node and data inter-node); on one host the same shape over virtual nodes of 2
+    ranks; on 2 ranks data=2 over two one-rank virtual nodes."""
+    distinct = list(dict.fromkeys(hosts))
+    if len(distinct) > 1:
+        per = [hosts.count(h) for h in distinct]
+        contiguous = all(hosts[i] == distinct[i // per[0]] for i in range(world)) if len(set(per)) == 1 else False
+        if contiguous:
+            k = per[0]
+            return ({"x": k, "y": 1, "z": 1, "data": world // k}, None,
+                    f"{len(distinct)} hosts x {k} ranks: x within a host, data across hosts")
+        return ({"x": 1, "y": 1, "z": 1, "data": world}, None,
+                f"{len(distinct)} hosts with uneven or interleaved ranks: one data axis")
+    if world >= 4 and world % 2 == 0:
+        return ({"x": 2, "y": 1, "z": 1, "data": world // 2}, 2,
+                "one host: x=2 within a virtual node of 2 ranks, data across virtual nodes")
+    if world == 2:
+        return ({"x": 1, "y": 1, "z": 1, "data": 2}, 1,
+                "one host: data=2 across two virtual nodes of 1 rank")
+    return ({"x": 1, "y": 1, "z": 1, "data": world}, None, "one host: one data axis")
+
+
+def parse_axis_name(name: str) -> int:
+    if name == "world":
+        return 15
+    parts = name.split("+")
+    if any(p not in _BIT for p in parts) or len(set(parts)) != len(parts):
+        raise UsageError(
+            f"--axis: expected x, y, z, data, world, a combination such as z+data, or all; "
+            f"found {name!r}")
+    m = 0
+    for p in parts:
+        m |= _BIT[p]
+    return m
+
+
+def mask_name(mask: int, nontrivial: int) -> str:
+    if mask == nontrivial and nontrivial.bit_count() > 1:
+        return "world"
+    return "+".join(a for a in AXES if mask & _BIT[a])
+
+
+def resolve_axes(text: str | None, grid: dict, notes: list) -> list[AxisSpec]:
+    nontrivial = 0
+    for a in AXES:
+        if grid[a] > 1:
+            nontrivial |= _BIT[a]
+
+    def size(mask):
+        return math.prod(grid[a] for a in AXES if mask & _BIT[a])
+
+    masks: list[int] = []
+    if text is None:
+        masks = [_BIT[a] for a in AXES if grid[a] > 1]
+        if nontrivial.bit_count() > 1:
+            masks.append(nontrivial)
+    else:
+        items = _split(text)
+        if not items:
+            raise UsageError(f"--axis: expected an axis name or a comma list; found {text!r}")
+        if any(i == "all" for i in items):
+            if len(items) > 1:
+                raise UsageError(f"--axis: 'all' cannot be combined with other names; found {text!r}")
+            bits = [_BIT[a] for a in AXES if grid[a] > 1]
+            for r in range(1, len(bits) + 1):
+                for combo in itertools.combinations(bits, r):
+                    masks.append(sum(combo))
+        else:
+            for i in items:
+                m = parse_axis_name(i) & nontrivial
+                if m == 0:
+                    notes.append(f"axis {i}: a group of 1 rank on this grid, nothing to measure (skipped)")
+                    continue
+                masks.append(m)
+    out, seen = [], set()
+    for m in masks:
+        if m in seen:
+            continue
+        seen.add(m)
+        out.append(AxisSpec(mask_name(m, nontrivial), m, size(m)))
+    if not out:
+        raise UsageError(
+            "--axis: nothing to measure: every requested axis is a group of 1 rank on this grid "
+            f"({', '.join(f'{a}={grid[a]}' for a in AXES)})")
+    return out
+
+
+def parse(argv: list[str], world: int, hosts: list[str] | None = None,
+          environ: dict | None = None) -> Config:
+    """Parses and validates argv for a world of `world` ranks on `hosts` (one per rank).
+    Raises UsageError (bad arguments) or HelpRequested (-h). No MPI, no I/O beyond checking
+    that output folders exist."""
+    environ = os.environ if environ is None else environ
+    hosts = hosts or ["localhost"] * world
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.help:
+        raise HelpRequested(parser.format_help())
+    notes: list[str] = []
+    sizes = _sizes(args)
+    if args.iters is not None and args.iters < 1:
+        raise UsageError(f"-n/--iters: expected at least 1 timed iteration; found {args.iters}")
+    if args.warmup_iters < 0:
+        raise UsageError(f"-w/--warmup_iters: expected 0 or more; found {args.warmup_iters}")
+    if args.check < 0:
+        raise UsageError(f"-c/--check: expected 0 (off) or a number of checked iterations; found {args.check}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError(f"-T/--timeout: expected a positive number of seconds; found {args.timeout:g}")
+
+    dtypes = _choose(args.datatype, "-d/--datatype", DTYPES, DTYPE_ALIASES)
+    ops = _choose(args.op, "-o/--op", OPS, OP_ALIASES)
+    colls = _choose(args.collective, "--collective", COLLECTIVES) or list(DEFAULT_COLLECTIVES)
+
+    algs_req = args.algorithm is not None
+    algs = _choose(args.algorithm, "--algorithm", ("auto",) + ALGORITHMS,
+                   all_value=("auto",) + ALGORITHMS)
+    if algs is None:
+        algs = ["auto", *ALGORITHMS]  # each kept only where fourd.explain says it can run
+
+    base_req = args.baseline is not None
+    if args.baseline is not None and args.baseline.strip().lower() == "none":
+        baselines = []
+    else:
+        baselines = _choose(args.baseline, "--baseline", BASELINES + ("none",),
+                            all_value=BASELINES) or list(BASELINES)
+        if "none" in baselines:
+            raise UsageError(f"--baseline: 'none' cannot be combined with other names; found {args.baseline!r}")
+
+    if args.ranks_per_node is not None and not 1 <= args.ranks_per_node <= world:
+        raise UsageError(
+            f"--ranks-per-node: expected an integer from 1 to the number of ranks ({world}); "
+            f"found {args.ranks_per_node}")
+    order = parse_order(args.order)
+    if args.grid is not None:
+        grid = parse_grid(args.grid, world)
+        rpn = args.ranks_per_node
+        source = "--grid"
+    else:
+        grid, rpn, source = default_grid(world, hosts)
+        if args.ranks_per_node is not None:
+            rpn = args.ranks_per_node
+            source += f" (--ranks-per-node {rpn})"
+    axes = resolve_axes(args.axis, grid, notes)
+
+    if args.link_rate is not None:
+        link_rate, link_src = parse_rate(args.link_rate), f"--link-rate {args.link_rate}"
+    else:
+        link_rate, link_src = None, "none"
+        env = environ.get("FOURD_CLUSTER_RATE_BPS", "").strip()
+        if env:
+            try:
+                bps = float(env)
+            except ValueError:
+                bps = 0.0
+            if bps > 0:
+                link_rate = bps / 8.0
+                link_src = f"FOURD_CLUSTER_RATE_BPS={env}"
+            else:
+                notes.append(f"FOURD_CLUSTER_RATE_BPS={env!r} is not a rate in bits/s: ignored")
+
+    for opt, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
+        if path is not None:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                raise UsageError(f"{opt}: the folder {folder!r} of {path!r} does not exist")
+    if args.plot is not None and not args.plot.lower().endswith((".png", ".svg", ".pdf")):
+        raise UsageError(f"--plot: expected a file name ending in .png, .svg or .pdf; found {args.plot!r}")
+
+    return Config(
+        argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
+        check=args.check, timeout=args.timeout, dtypes=dtypes, ops=ops, collectives=colls,
+        axes=axes, axes_requested=args.axis is not None, algorithms=algs,
+        algorithms_requested=algs_req, baselines=baselines, baselines_requested=base_req,
+        grid=grid, order=order, ranks_per_node=rpn, grid_source=source, link_rate=link_rate,
+        link_rate_source=link_src, json=args.json, csv=args.csv, plot=args.plot,
+        quiet=args.quiet, progress=args.progress, notes=notes,
+        raw={k: v for k, v in vars(args).items() if k != "help"},
+    )
