@@ -146,6 +146,7 @@ struct OpSpec {
   bool hasOp = false;
   int root = -1;
   bool isBarrier = false;
+  bool inPlace = false;  // reduce_scatter whose output is this rank's block of the input
   Algorithm algorithm = Algorithm::kFlat;
   CallOptions opts;
   uint64_t seq = 0;
@@ -217,6 +218,11 @@ void runOp(CommState& s, const OpSpec& spec) {
     }
     const auto* impl = detail::algorithmImpl(spec.algorithm);
     Buffer in = spec.in, out = spec.out;
+    if (spec.inPlace) {
+      // Algorithms take non-overlapping buffers: reduce into scratch, then copy the block over
+      // this rank's part of the input (which the algorithm no longer reads).
+      out.data = s.scratch(4, out.bytes());
+    }
     const bool widen = spec.opts.accumulateFp32 && spec.hasOp &&
                        (in.dtype == DataType::kFloat16 || in.dtype == DataType::kBFloat16);
     if (widen) {
@@ -230,7 +236,7 @@ void runOp(CommState& s, const OpSpec& spec) {
       if (spec.coll == Collective::kAllReduce) impl->allReduce(s, win, wout, spec.op, ctx);
       else impl->reduceScatter(s, win, wout, spec.op, ctx);
       if (spec.op == ReduceOp::kAvg) detail::scaleInPlace(wout.data, wout.count, wout.dtype, 1.0 / s.size());
-      detail::fromFloat32(out.data, static_cast<float*>(wout.data), out.count, out.dtype);
+      detail::fromFloat32(spec.out.data, static_cast<float*>(wout.data), out.count, out.dtype);
       return;
     }
     switch (spec.coll) {
@@ -241,6 +247,7 @@ void runOp(CommState& s, const OpSpec& spec) {
     }
     if (spec.hasOp && spec.op == ReduceOp::kAvg)
       detail::scaleInPlace(out.data, out.count, out.dtype, 1.0 / s.size());
+    if (spec.inPlace) std::memcpy(spec.out.data, out.data, out.bytes());
   } catch (const TimeoutError& e) {
     s.poison(std::string("seq ") + std::to_string(spec.seq) + " (" + spec.opName +
              ") timed out: " + e.what());
@@ -377,10 +384,14 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
                           std::to_string(out.count) + "), found " + std::to_string(in.count) +
                           (in.count % size() ? " (not divisible by the group size)" : ""));
   }
-  if (overlaps(in, out)) {
-    throw InvalidArgument("output: overlaps the input of reduce_scatter; use separate tensors");
+  // In place, as nccl-tests lays it out: the output is this rank's block of the input.
+  const bool inPlace = out.count > 0 && out.data == in.slice(out.count * rank(), out.count).data;
+  if (!inPlace && overlaps(in, out)) {
+    throw InvalidArgument("output: overlaps the input of reduce_scatter; pass separate tensors, "
+                          "or this rank's block of the input for in place");
   }
   OpSpec spec{Collective::kReduceScatter, "reduce_scatter", in, out};
+  spec.inPlace = inPlace;
   spec.op = op;
   spec.hasOp = true;
   spec.opts = opts;
@@ -388,7 +399,7 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
                                   : resolveAlgorithm(*this, Collective::kReduceScatter, in.bytes(),
                                                      in.dtype, opts.algorithm);
   if ((out.count == 0 || size() == 1) && !state_->debug) {
-    if (out.bytes()) std::memcpy(out.data, in.data, out.bytes());
+    if (out.bytes() && out.data != in.data) std::memmove(out.data, in.data, out.bytes());
     auto w = std::make_shared<Work>("reduce_scatter (nothing to send)");
     state_->nextSeq.fetch_add(1);
     w->markCompleted(nullptr);

@@ -90,7 +90,8 @@ class CommState {
   /// Whether the intra level shares memory (MPI_COMM_TYPE_SHARED covers the whole level).
   bool intraSharesMemory(OpContext& ctx);
 
-  /// Scratch memory reused across operations (slot 0..3), grown on demand, 64-byte aligned.
+  /// Scratch memory reused across operations, grown on demand, 64-byte aligned. Slots 0-1: the
+  /// algorithms; 2-3: float32 widening; 4: the result of an in-place reduce_scatter.
   void* scratch(int slot, size_t bytes);
 
   /// Per-algorithm state (for example shared-memory windows), keyed by name.
@@ -114,8 +115,8 @@ class CommState {
   struct Aligned {
     void operator()(void* p) const noexcept;
   };
-  std::unique_ptr<void, Aligned> scratch_[4];
-  size_t scratchBytes_[4] = {0, 0, 0, 0};
+  std::unique_ptr<void, Aligned> scratch_[5];
+  size_t scratchBytes_[5] = {0, 0, 0, 0, 0};
 };
 
 }  // namespace fourd::detail
