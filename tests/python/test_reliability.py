@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_mpi, run_mpi_pytest
+from mpirun import ROOT, run_mpi, run_mpi_pytest
 
 FAULTS = "tests/python/faults"
 
