@@ -23,7 +23,7 @@ def test_ctest(tmp_path):
     ninja = _tool("ninja")
     cfg = [cmake, "-S", str(ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}",
            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", "-DFOURD_BUILD_TESTS=ON",
-           "-DFOURD_BUILD_PYTHON=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+           "-DFOURD_BUILD_PYTHON=OFF", "-DFOURD_CUDA=OFF", "-DCMAKE_BUILD_TYPE=Release"]
     if ninja:
         cfg += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
     subprocess.run(cfg, check=True, timeout=300)
