@@ -98,6 +98,16 @@ def build_info() -> dict:
     }
 
 
+def __getattr__(name):
+    # Lazy: fourd.nn and fourd.tensor_parallel import torch, which plain users of the
+    # collectives may not have.
+    if name in ("parallel_state", "tensor_parallel", "nn", "plan", "bench"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'fourd' has no attribute {name!r}")
+
+
 def _at_exit():
     # Runs before mpi4py finalizes MPI (registered later, so called earlier).
     try:

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import run_mpi
+from mpirun import run_mpi
 from fourd.bench import bounds, check, report
 from fourd.bench.options import DTYPES, HelpRequested, UsageError, default_grid, parse, parse_rate
 

@@ -1,0 +1,326 @@
+"""Train a tiny GPT on synthetic data with 4D parallelism (x, y, z, data) on CPU.
+
+    # 8 ranks, Gx=2, Gy=2, Gz=1, Gdata=2, every overlap option on
+    mpiexec -n 8 python -m mpi4py examples/train_gpt_4d.py --x 2 --y 2 --z 1 --data 2 --overlap all
+    # the same model, unsharded, in one process (the reference the 4D run must match)
+    python examples/train_gpt_4d.py --reference
+    # step time with each overlap option off and on, in one launch
+    mpiexec -n 8 python -m mpi4py examples/train_gpt_4d.py --x 2 --y 2 --z 2 --sweep
+
+The model: token + position embeddings, pre-LN transformer blocks (causal attention, GELU MLP),
+a final LayerNorm and an untied output projection. In the 4D model the residual stream is full
+width on each batch shard (replicated over x and y); each half-block takes its x-slice,
+runs a plain fourd.nn.Linear (QKV, MLP up; heads and hidden units split over y) and a
+transposed one (attention output, MLP down; output split over x), and gathers over x again.
+The output projection is a plain Linear whose vocabulary slices are gathered over y.
+
+Batch shard of a rank: rows [s*b, (s+1)*b) of the global batch, s = data*Gz + z. The loss is the
+mean over the rank's shard; sync_gradients(average=True) makes the step equal to the mean over
+the global batch, so the losses match the single-process run (printed per step; with --json the
+run also writes losses and step times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+OVERLAPS = {
+    "none": {},
+    "oar": {"all_reduce": True},
+    "ors": {"reduce_scatter": True},
+    "oag": {"all_gather": True},
+    "dp": {"grad_reduce": True},
+    "all": {"all_reduce": True, "reduce_scatter": True, "all_gather": True, "grad_reduce": True},
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--x", type=int, default=1)
+    p.add_argument("--y", type=int, default=1)
+    p.add_argument("--z", type=int, default=1)
+    p.add_argument("--data", type=int, default=None, help="default: world / (x*y*z)")
+    p.add_argument("--order", default="x-y-z-data")
+    p.add_argument("--reference", action="store_true",
+                   help="run the unsharded torch.nn model in this one process (no MPI)")
+    p.add_argument("--overlap", default="none", choices=list(OVERLAPS),
+                   help="which overlap to turn on (all = OAR+ORS+OAG+data-parallel buckets)")
+    p.add_argument("--prefetch-depth", type=int, default=2)
+    p.add_argument("--bucket-mb", type=float, default=1.0)
+    p.add_argument("--sweep", action="store_true",
+                   help="time every --overlap setting in this launch, print a table")
+    p.add_argument("--turn", type=int, default=2,
+                   help="with --sweep: steps each setting runs before the next takes its turn")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per process (default 1 under MPI, torch's default alone)")
+    p.add_argument("--json", default=None, help="write losses and step times here (rank 0)")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+# ---- model -----------------------------------------------------------------------------------
+
+class Par:
+    """The parallel pieces a model needs; the unsharded reference uses identities."""
+
+    def __init__(self, fourd_nn=None, tp=None, gy=1):
+        self.nn, self.tp, self.gy = fourd_nn, tp, gy
+
+    def linear(self, i, o, transpose=False, bias=True):
+        if self.nn is None:
+            return torch.nn.Linear(i, o, bias=bias)
+        return self.nn.Linear(i, o, bias=bias, transpose=transpose)
+
+    def scatter(self, t, axis):
+        return t if self.tp is None else self.tp.scatter_to_tensor_model_parallel_region(t, axis)
+
+    def gather(self, t, axis):
+        return t if self.tp is None else self.tp.gather_from_tensor_model_parallel_region(t, axis)
+
+
+def attention(qkv, heads):
+    """qkv: (B, S, heads*3*hd), per-head [q k v] blocks, so a y-slice holds whole heads."""
+    b, s, w = qkv.shape
+    hd = w // (3 * heads)
+    q, k, v = qkv.view(b, s, heads, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)
+    att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
+    mask = torch.ones(s, s, dtype=torch.bool, device=qkv.device).triu(1)
+    att = att.masked_fill(mask, float("-inf")).softmax(-1)
+    return (att @ v).transpose(1, 2).reshape(b, s, heads * hd)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, h, heads, par: Par):
+        super().__init__()
+        self.par = par
+        self.heads = heads // par.gy
+        self.ln1 = torch.nn.LayerNorm(h)
+        self.qkv = par.linear(h, 3 * h)
+        self.proj = par.linear(h, h, transpose=True)
+        self.ln2 = torch.nn.LayerNorm(h)
+        self.fc1 = par.linear(h, 4 * h)
+        self.fc2 = par.linear(4 * h, h, transpose=True)
+
+    def forward(self, x):
+        p = self.par
+        a = self.proj(attention(self.qkv(p.scatter(self.ln1(x), "x")), self.heads))
+        x = x + p.gather(a, "x")
+        m = self.fc2(F.gelu(self.fc1(p.scatter(self.ln2(x), "x"))))
+        return x + p.gather(m, "x")
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, vocab, hidden, heads, layers, seq, par: Par):
+        super().__init__()
+        self.par = par
+        self.tok = torch.nn.Embedding(vocab, hidden)
+        self.pos = torch.nn.Embedding(seq, hidden)
+        self.blocks = torch.nn.ModuleList(Block(hidden, heads, par) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(hidden)
+        self.head = par.linear(hidden, vocab, bias=False)
+
+    def forward(self, idx):
+        s = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(s, device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.par.scatter(self.ln_f(x), "x"))
+        return self.par.gather(logits, "y")
+
+
+def batch(step, args):
+    """The global batch of a step: sequences of an affine recurrence mod vocab, 10% noise."""
+    g = torch.Generator().manual_seed(args.seed * 100003 + step)
+    v, b, s = args.vocab, args.batch, args.seq + 1
+    start = torch.randint(0, v, (b, 1), generator=g)
+    mult = torch.randint(1, 4, (b, 1), generator=g)
+    t = torch.arange(s).view(1, s)
+    seqs = (start + mult * t * 7) % v
+    noise = torch.rand(b, s, generator=g) < 0.1
+    seqs = torch.where(noise, torch.randint(0, v, (b, s), generator=g), seqs)
+    return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
+
+
+# ---- runs ------------------------------------------------------------------------------------
+
+def run_reference(args):
+    torch.manual_seed(args.seed)
+    model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, Par())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    losses, times = [], []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        inp, tgt = batch(step, args)
+        logits = model(inp)
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.detach())
+    return [float(v) for v in losses], times
+
+
+class Trainer:
+    """One 4D model, its optimizer and its overlap setting, stepped one step at a time."""
+
+    def __init__(self, args, overlap_name, grid):
+        import fourd.nn as fnn
+        import fourd.parallel_state as ps
+        import fourd.tensor_parallel as tp
+
+        self.fnn, self.args, self.grid = fnn, args, grid
+        gz, gd = grid.size("z"), grid.size("data")
+        if args.batch % (gz * gd):
+            raise SystemExit(f"--batch {args.batch}: expected a multiple of Gz*Gdata = {gz * gd}")
+        self.shards = gz * gd
+        torch.manual_seed(args.seed)  # same on every rank: every rank draws the same full weights
+        self.model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq,
+                         Par(fnn, tp, ps.get_y_parallel_world_size()))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.01)
+        cfg = dict(OVERLAPS[overlap_name])
+        if cfg.get("all_gather"):
+            cfg["prefetch_depth"] = args.prefetch_depth
+        self.bucket = int(args.bucket_mb * 2**20)
+        # "none": no overlap object at all, the plain blocking path.
+        self.ov = None
+        if cfg:
+            self.ov = fnn.overlap(self.model, average=True, bucket_bytes=self.bucket,
+                                  optimizer=self.opt, **cfg).enable()
+        c = grid.coords()
+        self.rows = args.batch // self.shards
+        self.first = (c["data"] * gz + c["z"]) * self.rows
+        self.losses, self.times = [], []
+
+    def step(self, step):
+        grid, model, args = self.grid, self.model, self.args
+        grid.barrier()  # time every step from a common start (not part of training)
+        t0 = time.perf_counter()
+        inp, tgt = batch(step, args)
+        inp = inp[self.first:self.first + self.rows]
+        tgt = tgt[self.first:self.first + self.rows]
+        logits = model(inp)
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
+        loss.backward()
+        self.fnn.sync_gradients(model, average=True, bucket_bytes=self.bucket)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.times.append(time.perf_counter() - t0)
+        self.losses.append(loss.detach())
+
+    def finish(self):
+        """Global loss per step (mean of the shards' means) and the slowest rank's step times:
+        two collectives, once, after training."""
+        if self.ov is not None:
+            self.ov.disable()
+        ls = torch.stack(self.losses).contiguous()
+        self.grid.all_reduce(ls, ("z", "data"))
+        ls /= self.shards
+        tt = torch.tensor(self.times, dtype=torch.float64)
+        self.grid.all_reduce(tt, "world", "max")
+        stats = dict(self.ov.stats) if self.ov is not None else {}
+        learned = len(self.ov.learned_order or []) if self.ov is not None else None
+        return {"losses": ls.tolist(), "step_times": tt.tolist(),
+                "median_step_s": summarize(tt.tolist()), "stats": stats,
+                "linear_calls_learned": learned}
+
+
+def run_4d(args, names, grid):
+    """Train one model per overlap setting. With several settings they take turns, `--turn`
+    steps each, so that slow and quiet periods of a shared machine hit every setting alike."""
+    trainers = {n: Trainer(args, n, grid) for n in names}
+    turn = max(1, args.turn) if len(names) > 1 else args.steps
+    for s0 in range(0, args.steps, turn):
+        for n in names:
+            for s in range(s0, min(s0 + turn, args.steps)):
+                trainers[n].step(s)
+    return {n: t.finish() for n, t in trainers.items()}
+
+
+def summarize(times):
+    steady = times[2:] if len(times) > 4 else times
+    return statistics.median(steady)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.reference:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        losses, times = run_reference(args)
+        for i, v in enumerate(losses):
+            print(f"step {i:3d} loss {v:.6f}")
+        out = {"mode": "reference", "losses": losses, "step_times": times,
+               "median_step_s": summarize(times), "args": vars(args)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return out
+
+    from mpi4py import MPI
+
+    try:
+        import fourd  # noqa: F401
+    except ImportError:  # running from a source checkout without installing
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                        "python"))
+        import fourd  # noqa: F401
+    import fourd.parallel_state as ps
+
+    world = MPI.COMM_WORLD.Get_size()
+    torch.set_num_threads(args.threads or (1 if world > 1 else torch.get_num_threads()))
+    grid = ps.initialize(x=args.x, y=args.y, z=args.z, data=args.data, order=args.order)
+    me = grid.world_rank
+    shape = grid.shape
+    try:
+        names = list(OVERLAPS) if args.sweep else [args.overlap]
+        results = run_4d(args, names, grid)
+        if me == 0 and not args.quiet and not args.sweep:
+            r = results[args.overlap]
+            for i, v in enumerate(r["losses"]):
+                print(f"step {i:3d} loss {v:.6f}  {r['step_times'][i] * 1e3:8.1f} ms")
+            if r["stats"] or r["linear_calls_learned"]:
+                print(f"overlap: Linear calls per step learned: {r['linear_calls_learned']}; "
+                      f"counters: {r['stats']}")
+        if me == 0:
+            if args.sweep or not args.quiet:
+                base = results.get("none", {}).get("median_step_s")
+                print(f"\ngrid {shape} world {world}, {args.layers} layers, hidden {args.hidden}, "
+                      f"batch {args.batch}x{args.seq}, {args.steps} steps, "
+                      f"torch threads {torch.get_num_threads()}")
+                print(f"{'overlap':8s} {'median step (ms)':>17s} {'vs none':>8s} "
+                      f"{'final loss':>11s}")
+                for name, r in results.items():
+                    rel = f"{r['median_step_s'] / base:7.2f}x" if base else "      -"
+                    print(f"{name:8s} {r['median_step_s'] * 1e3:17.1f} {rel:>8s} "
+                          f"{r['losses'][-1]:11.6f}")
+            if args.json:
+                out = {"mode": "4d", "grid": shape, "world": world, "results": results,
+                       "args": vars(args)}
+                with open(args.json, "w") as f:
+                    json.dump(out, f, indent=1)
+        return results
+    finally:
+        ps.destroy_model_parallel()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The data-parallel gradient reduction, bucketed.
+
+Each parameter's gradient is summed over the group named by its ``_fourd_grad_axes`` attribute
+(fourd.nn.Linear weights: "data", their z reduction already done by the reduce-scatter in
+backward; everything else, biases and norms included: ("z", "data"), the batch shards). The
+gradients of one group and dtype are packed into flat buckets of about ``bucket_bytes`` and each
+bucket is one all-reduce; buckets are issued back to back (asynchronously) and waited together.
+
+Cross-rank invariant: every rank builds the same buckets in the same order and issues them in
+bucket order, so the n-th collective on a communicator is the same bucket on every rank.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+
+from .. import grid as _gridmod
+from .. import parallel_state as _ps
+from .linear import DEFAULT_GRAD_AXES, GRAD_AXES_ATTR
+
+DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
+
+
+def model_params(model) -> list:
+    """Unique parameters that require grad, in registration order."""
+    seen, out = set(), []
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+class Bucket:
+    __slots__ = ("params", "offsets", "mask", "flat", "expected", "arrived", "launched", "work",
+                 "late", "last_pos")
+
+    def __init__(self, mask, dtype, device, params, last_pos):
+        self.params = params
+        self.mask = mask
+        offs, o = [], 0
+        for p in params:
+            offs.append(o)
+            o += p.numel()
+        self.offsets = offs
+        self.flat = torch.empty(o, dtype=dtype, device=device)
+        self.expected = 0
+        self.arrived = 0
+        self.launched = False
+        self.work = None
+        self.late = False
+        self.last_pos = last_pos
+
+
+class GradSync:
+    """Buckets of a model's parameters and their reduction. `scale` multiplies every gradient
+    (1/(Gz*Gdata) when averaging over the batch shards)."""
+
+    def __init__(self, model, grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 average: bool = False):
+        self.grid = grid
+        self.params = model_params(model)
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self.bucket_bytes = int(bucket_bytes)
+        shards = grid.size(("z", "data"))
+        self.scale = 1.0 / shards if average else 1.0
+        self.masks = []
+        for p in self.params:
+            axes = getattr(p, GRAD_AXES_ATTR, DEFAULT_GRAD_AXES)
+            self.masks.append(_gridmod.axis_mask(axes))
+        self.sizes = {m: grid.size(_ps.mask_obj(m)) for m in set(self.masks)}
+        self.buckets: list = []
+        self.bucket_of: dict = {}
+        self.local: list = []  # parameters whose reduction group is just this rank
+
+    def build(self, order: list, counts: dict | None = None):
+        """Cut the parameters, taken in `order` (a permutation of self.params), into buckets of
+        one (group, dtype) each; buckets are sorted by the position of their last parameter."""
+        open_: dict = {}
+        closed: list = []
+        self.local = []
+        for pos, p in enumerate(order):
+            i = self.index[id(p)]
+            mask = self.masks[i]
+            if self.sizes[mask] == 1:
+                self.local.append(p)
+                continue
+            key = (mask, p.dtype, p.device)
+            cur = open_.get(key)
+            nbytes = p.numel() * p.element_size()
+            if cur is not None and cur[1] + nbytes > self.bucket_bytes and cur[0]:
+                closed.append((key, cur[0], cur[2]))
+                cur = None
+            if cur is None:
+                cur = [[], 0, pos]
+                open_[key] = cur
+            cur[0].append(p)
+            cur[1] += nbytes
+            cur[2] = pos
+        for key, cur in open_.items():
+            if cur[0]:
+                closed.append((key, cur[0], cur[2]))
+        closed.sort(key=lambda c: c[2])
+        self.buckets = [Bucket(k[0], k[1], k[2], ps, last) for k, ps, last in closed]
+        self.bucket_of = {}
+        for b in self.buckets:
+            for p in b.params:
+                self.bucket_of[id(p)] = b
+            b.expected = sum((counts or {}).get(id(p), 1) for p in b.params)
+
+    def signature(self, order: list, counts: dict | None = None) -> int:
+        idx = [self.index[id(p)] for p in order]
+        cnt = [(counts or {}).get(id(p), 1) for p in order]
+        data = np.asarray(idx + cnt, dtype=np.int64).tobytes()
+        return zlib.crc32(data)
+
+    def ranks_agree(self, sig: int) -> bool:
+        """One blocking all-reduce over the world: do all ranks have this signature?"""
+        a = np.array([sig, -sig], dtype=np.int64)
+        self.grid.all_reduce(a, "world", "max")
+        return int(a[0]) == sig and int(-a[1]) == sig
+
+    def launch(self, b: Bucket):
+        flat = b.flat
+        for p, off in zip(b.params, b.offsets):
+            n = p.numel()
+            g = p.grad
+            if g is None:
+                flat[off:off + n].zero_()
+            else:
+                flat[off:off + n].copy_(g.reshape(-1))
+        if self.scale != 1.0:
+            flat.mul_(self.scale)
+        b.work = self.grid.all_reduce(flat, _ps.mask_obj(b.mask), async_op=True)
+        b.launched = True
+
+    def relaunch_sync(self, b: Bucket):
+        """A late gradient arrived after the bucket left: reduce it again, blocking."""
+        if b.work is not None:
+            b.work.wait()
+        self.launch(b)
+
+    def complete(self):
+        """Wait for every bucket (launching those not yet launched, in order), write the sums
+        back into .grad, scale the local-only gradients, and reset for the next step."""
+        for b in self.buckets:
+            if not b.launched:
+                self.launch(b)
+        for b in self.buckets:
+            b.work.wait()
+        for b in self.buckets:
+            if b.late:
+                self.relaunch_sync(b)
+                b.work.wait()
+        for b in self.buckets:
+            flat = b.flat
+            for p, off in zip(b.params, b.offsets):
+                src = flat[off:off + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = src.clone()
+                else:
+                    p.grad.copy_(src)
+            b.work = None
+            b.launched = False
+            b.arrived = 0
+            b.late = False
+        if self.scale != 1.0:
+            for p in self.local:
+                if p.grad is not None:
+                    p.grad.mul_(self.scale)
+
+    def run(self):
+        """Reduce everything now (the non-overlapped path)."""
+        self.complete()
