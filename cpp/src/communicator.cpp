@@ -9,6 +9,7 @@
 
 #include "fourd/error.hpp"
 #include "internal/comm_state.hpp"
+#include "internal/cuda_path.hpp"
 #include "internal/reduce_kernels.hpp"
 
 namespace fourd {
@@ -150,7 +151,76 @@ struct OpSpec {
   Algorithm algorithm = Algorithm::kFlat;
   CallOptions opts;
   uint64_t seq = 0;
+  void* stream = nullptr;  // CUDA buffers: the caller's stream (see internal/cuda_path.hpp)
 };
+
+#ifdef FOURD_HAVE_CUDA
+bool onCuda(const Buffer& in, const Buffer& out) {
+  return in.device == DeviceType::kCuda || out.device == DeviceType::kCuda;
+}
+#endif
+
+// The data movement of one operation on host buffers (everything after the debug check).
+void runHostBody(CommState& s, const OpSpec& spec, OpContext& ctx) {
+  if (spec.coll == Collective::kBroadcast) {
+    if (spec.out.count) s.mpi->broadcast(spec.out, spec.root, ctx);
+    return;
+  }
+  const auto* impl = detail::algorithmImpl(spec.algorithm);
+  Buffer in = spec.in, out = spec.out;
+  if (spec.inPlace) {
+    // Algorithms take non-overlapping buffers: reduce into scratch, then copy the block over
+    // this rank's part of the input (which the algorithm no longer reads).
+    out.data = s.scratch(4, out.bytes());
+  }
+  const bool widen = spec.opts.accumulateFp32 && spec.hasOp &&
+                     (in.dtype == DataType::kFloat16 || in.dtype == DataType::kBFloat16);
+  if (widen) {
+    // Keep partial sums in float32 across every step; round once at the end.
+    float* wi = static_cast<float*>(s.scratch(2, in.count * sizeof(float)));
+    float* wo = static_cast<float*>(s.scratch(3, out.count * sizeof(float)));
+    detail::toFloat32(wi, in.data, in.count, in.dtype);
+    Buffer win(wi, in.count, DataType::kFloat32);
+    Buffer wout(in.data == out.data && spec.coll == Collective::kAllReduce ? wi : wo, out.count,
+                DataType::kFloat32);
+    if (spec.coll == Collective::kAllReduce) impl->allReduce(s, win, wout, spec.op, ctx);
+    else impl->reduceScatter(s, win, wout, spec.op, ctx);
+    if (spec.op == ReduceOp::kAvg) detail::scaleInPlace(wout.data, wout.count, wout.dtype, 1.0 / s.size());
+    detail::fromFloat32(spec.out.data, static_cast<float*>(wout.data), out.count, out.dtype);
+    return;
+  }
+  switch (spec.coll) {
+    case Collective::kAllReduce: impl->allReduce(s, in, out, spec.op, ctx); break;
+    case Collective::kAllGather: impl->allGather(s, in, out, ctx); break;
+    case Collective::kReduceScatter: impl->reduceScatter(s, in, out, spec.op, ctx); break;
+    default: break;
+  }
+  if (spec.hasOp && spec.op == ReduceOp::kAvg)
+    detail::scaleInPlace(out.data, out.count, out.dtype, 1.0 / s.size());
+  if (spec.inPlace) std::memcpy(spec.out.data, out.data, out.bytes());
+}
+
+#ifdef FOURD_HAVE_CUDA
+// resolveAlgorithm for a CommState (the staged CUDA path picks per host call; kAuto allowed).
+Algorithm resolveOnState(CommState& s, Collective c, size_t nbytes, DataType dtype,
+                         Algorithm requested) {
+  if (c == Collective::kBroadcast || s.size() == 1) return Algorithm::kFlat;
+  if (requested == Algorithm::kAuto) {
+    Algorithm a = fourd::choose(c, nbytes, dtype, shapeOf(s.topo), **s.profile);
+    return detail::algorithmImpl(a) == nullptr ? Algorithm::kFlat : a;
+  }
+  const auto* impl = detail::algorithmImpl(requested);
+  std::string why;
+  if (impl == nullptr) why = "not built into this version of fourd";
+  else if (!impl->supports(c, s, &why)) impl = nullptr;
+  if (impl == nullptr) {
+    throw InvalidArgument(std::string("algorithm: '") + algorithmName(requested) +
+                          "' cannot run " + collectiveName(c) + " on axis '" + s.name + "' (" +
+                          s.topo.describe() + "): " + why);
+  }
+  return requested;
+}
+#endif
 
 void runOp(CommState& s, const OpSpec& spec) {
   if (s.poisoned.load()) {
@@ -212,42 +282,34 @@ void runOp(CommState& s, const OpSpec& spec) {
       s.mpi->barrier(ctx);
       return;
     }
-    if (spec.coll == Collective::kBroadcast) {
-      if (spec.out.count) s.mpi->broadcast(spec.out, spec.root, ctx);
+#ifdef FOURD_HAVE_CUDA
+    if (onCuda(spec.in, spec.out)) {
+      detail::CudaOp op;
+      op.coll = spec.coll;
+      op.opName = spec.opName;
+      op.in = spec.in;
+      op.out = spec.out;
+      op.op = spec.op;
+      op.hasOp = spec.hasOp;
+      op.root = spec.root;
+      op.inPlace = spec.inPlace;
+      op.requested = spec.algorithm;
+      op.accumulateFp32 = spec.opts.accumulateFp32;
+      op.stream = spec.stream;
+      detail::runCudaOp(s, op, ctx, [&](const Buffer& hin, const Buffer& hout, Algorithm req) {
+        OpSpec h = spec;
+        h.in = hin;
+        h.out = hout;
+        h.inPlace = false;
+        h.algorithm = resolveOnState(s, spec.coll, hin.bytes() > hout.bytes() ? hin.bytes()
+                                                                               : hout.bytes(),
+                                     hin.dtype, req);
+        runHostBody(s, h, ctx);
+      });
       return;
     }
-    const auto* impl = detail::algorithmImpl(spec.algorithm);
-    Buffer in = spec.in, out = spec.out;
-    if (spec.inPlace) {
-      // Algorithms take non-overlapping buffers: reduce into scratch, then copy the block over
-      // this rank's part of the input (which the algorithm no longer reads).
-      out.data = s.scratch(4, out.bytes());
-    }
-    const bool widen = spec.opts.accumulateFp32 && spec.hasOp &&
-                       (in.dtype == DataType::kFloat16 || in.dtype == DataType::kBFloat16);
-    if (widen) {
-      // Keep partial sums in float32 across every step; round once at the end.
-      float* wi = static_cast<float*>(s.scratch(2, in.count * sizeof(float)));
-      float* wo = static_cast<float*>(s.scratch(3, out.count * sizeof(float)));
-      detail::toFloat32(wi, in.data, in.count, in.dtype);
-      Buffer win(wi, in.count, DataType::kFloat32);
-      Buffer wout(in.data == out.data && spec.coll == Collective::kAllReduce ? wi : wo, out.count,
-                  DataType::kFloat32);
-      if (spec.coll == Collective::kAllReduce) impl->allReduce(s, win, wout, spec.op, ctx);
-      else impl->reduceScatter(s, win, wout, spec.op, ctx);
-      if (spec.op == ReduceOp::kAvg) detail::scaleInPlace(wout.data, wout.count, wout.dtype, 1.0 / s.size());
-      detail::fromFloat32(spec.out.data, static_cast<float*>(wout.data), out.count, out.dtype);
-      return;
-    }
-    switch (spec.coll) {
-      case Collective::kAllReduce: impl->allReduce(s, in, out, spec.op, ctx); break;
-      case Collective::kAllGather: impl->allGather(s, in, out, ctx); break;
-      case Collective::kReduceScatter: impl->reduceScatter(s, in, out, spec.op, ctx); break;
-      default: break;
-    }
-    if (spec.hasOp && spec.op == ReduceOp::kAvg)
-      detail::scaleInPlace(out.data, out.count, out.dtype, 1.0 / s.size());
-    if (spec.inPlace) std::memcpy(spec.out.data, out.data, out.bytes());
+#endif
+    runHostBody(s, spec, ctx);
   } catch (const TimeoutError& e) {
     s.poison(std::string("seq ") + std::to_string(spec.seq) + " (" + spec.opName +
              ") timed out: " + e.what());
@@ -302,6 +364,25 @@ void checkDevice(const Buffer& b, const char* arg) {
 #endif
 }
 
+// CUDA buffers: capture the caller's stream on the calling thread; the algorithm is resolved
+// once the group's GPU backend is known (runCudaOp). False for CPU buffers (nothing changes).
+bool prepareCuda(OpSpec& spec, const CallOptions& opts) {
+#ifdef FOURD_HAVE_CUDA
+  if (!onCuda(spec.in, spec.out)) return false;
+  if (spec.in.device != spec.out.device) {
+    throw InvalidArgument("output: expected a tensor on the input's device, found one on the " +
+                          std::string(spec.out.device == DeviceType::kCuda ? "GPU" : "CPU"));
+  }
+  spec.algorithm = spec.coll == Collective::kBroadcast ? Algorithm::kFlat : opts.algorithm;
+  spec.stream = detail::takeCallerStream();
+  return true;
+#else
+  (void)spec;
+  (void)opts;
+  return false;
+#endif
+}
+
 void checkSameDtype(const Buffer& in, const Buffer& out) {
   checkDevice(in, "input");
   checkDevice(out, "output");
@@ -329,10 +410,13 @@ std::shared_ptr<Work> Communicator::allReduce(const Buffer& in, const Buffer& ou
   spec.op = op;
   spec.hasOp = true;
   spec.opts = opts;
-  spec.algorithm = in.count == 0 ? Algorithm::kFlat
-                                 : resolveAlgorithm(*this, Collective::kAllReduce, in.bytes(),
-                                                    in.dtype, opts.algorithm);
-  if (in.count == 0 || size() == 1) {
+  const bool cuda = prepareCuda(spec, opts);
+  if (!cuda) {
+    spec.algorithm = in.count == 0 ? Algorithm::kFlat
+                                   : resolveAlgorithm(*this, Collective::kAllReduce, in.bytes(),
+                                                      in.dtype, opts.algorithm);
+  }
+  if (!cuda && (in.count == 0 || size() == 1)) {
     if (in.data != out.data && in.bytes()) std::memcpy(out.data, in.data, in.bytes());
     if (!state_->debug) {
       auto w = std::make_shared<Work>("all_reduce (nothing to send)");
@@ -360,10 +444,13 @@ std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& ou
   }
   OpSpec spec{Collective::kAllGather, "all_gather", in, out};
   spec.opts = opts;
-  spec.algorithm = in.count == 0 ? Algorithm::kFlat
-                                 : resolveAlgorithm(*this, Collective::kAllGather, out.bytes(),
-                                                    in.dtype, opts.algorithm);
-  if ((in.count == 0 || size() == 1) && !state_->debug) {
+  const bool cuda = prepareCuda(spec, opts);
+  if (!cuda) {
+    spec.algorithm = in.count == 0 ? Algorithm::kFlat
+                                   : resolveAlgorithm(*this, Collective::kAllGather, out.bytes(),
+                                                      in.dtype, opts.algorithm);
+  }
+  if (!cuda && (in.count == 0 || size() == 1) && !state_->debug) {
     if (in.data != out.data && in.bytes()) std::memmove(out.data, in.data, in.bytes());
     auto w = std::make_shared<Work>("all_gather (nothing to send)");
     state_->nextSeq.fetch_add(1);
@@ -395,10 +482,13 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
   spec.op = op;
   spec.hasOp = true;
   spec.opts = opts;
-  spec.algorithm = out.count == 0 ? Algorithm::kFlat
-                                  : resolveAlgorithm(*this, Collective::kReduceScatter, in.bytes(),
-                                                     in.dtype, opts.algorithm);
-  if ((out.count == 0 || size() == 1) && !state_->debug) {
+  const bool cuda = prepareCuda(spec, opts);
+  if (!cuda) {
+    spec.algorithm = out.count == 0 ? Algorithm::kFlat
+                                    : resolveAlgorithm(*this, Collective::kReduceScatter, in.bytes(),
+                                                       in.dtype, opts.algorithm);
+  }
+  if (!cuda && (out.count == 0 || size() == 1) && !state_->debug) {
     if (out.bytes() && out.data != in.data) std::memmove(out.data, in.data, out.bytes());
     auto w = std::make_shared<Work>("reduce_scatter (nothing to send)");
     state_->nextSeq.fetch_add(1);
@@ -418,6 +508,7 @@ std::shared_ptr<Work> Communicator::broadcast(const Buffer& buf, int root, const
   spec.root = root;
   spec.opts = opts;
   spec.algorithm = Algorithm::kFlat;
+  prepareCuda(spec, opts);
   return dispatch(*state_, spec);
 }
 

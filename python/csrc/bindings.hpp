@@ -7,6 +7,7 @@ namespace fourd_py {
 
 void register_errors(pybind11::module_& m);
 void register_grid(pybind11::module_& m);
+void register_cuda(pybind11::module_& m);  // cuda.cpp: adds nothing without FOURD_HAVE_CUDA
 
 }  // namespace fourd_py
 

@@ -9,6 +9,7 @@ PYBIND11_MODULE(_C, m) {
   fourd_py::register_errors(m);
   fourd_py::register_grid(m);
   register_cost_model(m);
+  fourd_py::register_cuda(m);
   m.attr("__version__") = FOURD_VERSION;
 #ifdef FOURD_HAVE_CUDA
   m.attr("HAVE_CUDA") = true;

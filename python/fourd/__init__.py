@@ -95,6 +95,8 @@ def build_info() -> dict:
         "mpi_thread_level": _C.mpi_thread_level(),
         "cuda": HAVE_CUDA,
         "nccl": HAVE_CUDA,
+        "nccl_version": _C.nccl_version() if HAVE_CUDA else None,
+        "cuda_devices": _C.cuda_device_count()[0] if HAVE_CUDA else 0,
     }
 
 

@@ -106,5 +106,17 @@ def resolve(obj, arg: str, writable: bool):
     raise DTypeError(f"{arg}: expected a torch.Tensor or numpy.ndarray, found {_describe(obj)}")
 
 
+def set_cuda_stream(device_index: int) -> None:
+    """Hands the current torch CUDA stream of `device_index` to the next collective issued from
+    this thread (CUDA tensors only: the operation is ordered after that stream's work, and the
+    stream waits for the operation's end)."""
+    from . import _C
+
+    setter = getattr(_C, "_cuda_set_stream", None)
+    torch = _torch_module()
+    if setter is not None and torch is not None:
+        setter(torch.cuda.current_stream(device_index).cuda_stream)
+
+
 def dtype_name(code: int) -> str:
     return DTYPE_NAMES[code]

@@ -10,8 +10,9 @@ Binding contract used here (fourd._C, GPU builds only):
     cuda_reduce(dst, srcs, count, dtype, op, stream=0, avg_factor=0.0)
     cuda_permute_blocks(dst, src, block_bytes, perm, stream=0)
 Addresses and streams are ints (tensor.data_ptr(), stream.cuda_stream); dtype and op are the
-fourd::DataType / fourd::ReduceOp codes. Multi-rank collectives on CUDA tensors are checked by
-tests/python/mpi/par_gpu_*.py under mpiexec.
+fourd::DataType / fourd::ReduceOp codes. Collectives on CUDA tensors are checked against the CPU
+path by tests/python/mpi/par_gpu.py under mpiexec on 1, 2 and 4 ranks (test_collectives_on_cuda):
+NCCL with one GPU per rank, fourd's MPI backend where ranks share a GPU.
 """
 
 from __future__ import annotations
@@ -175,3 +176,20 @@ def test_permute_blocks(block_bytes):
     torch.cuda.synchronize()
     want = src.view(nblocks, block_bytes)[perm].flatten()
     assert torch.equal(dst, want)
+
+
+@pytest.mark.parametrize(
+    ("n", "backend"), [(1, "auto"), (1, "mpi"), (2, "auto"), (4, "auto")]
+)
+def test_collectives_on_cuda(n, backend):
+    """Every collective on CUDA tensors against the CPU path, under mpiexec on n ranks (auto:
+    NCCL with one GPU per rank, MPI where ranks share a GPU; mpi: FOURD_CUDA_BACKEND=mpi)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from mpirun import run_mpi_pytest
+
+    env = {"FOURD_CUDA_BACKEND": backend}
+    r = run_mpi_pytest(n, ["par_gpu.py"], timeout=900, env=env)
+    print(r.stdout[-2000:])

@@ -65,6 +65,15 @@ def _env_subset() -> dict:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(keep)}
 
 
+def _wants_cuda(argv) -> bool:
+    for i, a in enumerate(argv):
+        if a == "--device" and i + 1 < len(argv):
+            return argv[i + 1].strip().lower() == "cuda"
+        if a.startswith("--device="):
+            return a.split("=", 1)[1].strip().lower() == "cuda"
+    return False
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     t_start = time.perf_counter()
@@ -89,6 +98,15 @@ def main(argv=None) -> int:
         except ImportError:
             err = ("--plot: matplotlib is not installed; install it (pip install matplotlib, or "
                    "fourd[bench]) or leave out --plot")
+    if help_text is None and _wants_cuda(argv):
+        # Without a usable GPU nothing else matters: say so first, on every rank's behalf.
+        from . import gpu  # noqa: PLC0415 - only with --device cuda
+
+        reasons = [r for r in world.allgather(gpu.unavailable_reason()) if r]
+        if reasons:
+            if rank == 0:
+                print(f"{PROG}: error: --device cuda: {reasons[0]}", file=sys.stderr, flush=True)
+            return _finish(world, 2)
     verdicts = world.allgather((err, help_text is not None))
     if any(h for _, h in verdicts):
         if rank == 0:
@@ -102,6 +120,11 @@ def main(argv=None) -> int:
         return _finish(world, 2)
 
     import fourd
+
+    if cfg.device == "cuda":
+        from . import gpu  # noqa: PLC0415 - only with --device cuda
+
+        return _finish(world, gpu.run(cfg, world, PROG))
 
     progress = Progress(0, rank == 0 and not cfg.quiet and (cfg.progress or sys.stderr.isatty()))
     pr = Printer(rank == 0, cfg.quiet, progress)

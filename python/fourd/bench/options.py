@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto, flat, ring, rhd, hierarchical, shm, a comma list, or all. "
                         "Default: auto plus every algorithm fourd.explain reports as able to "
                         "run the axis")
+    g.add_argument("--device", default="cpu", metavar="DEVICE",
+                   help="cpu (numpy buffers, the full table) or cuda (torch CUDA tensors on "
+                        "cuda:local_rank, timed with CUDA events; needs a GPU build of fourd and "
+                        "torch with CUDA) (default cpu)")
     g.add_argument("--baseline", default=None, metavar="NAMES",
                    help="mpi, torch, a comma list, or none (default: every one installed)")
 
@@ -219,6 +223,7 @@ class Config:
     quiet: bool
     progress: bool
     notes: list = field(default_factory=list)
+    device: str = "cpu"
     raw: dict = field(default_factory=dict)
 
 
@@ -491,8 +496,12 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
     if args.plot is not None and not args.plot.lower().endswith((".png", ".svg", ".pdf")):
         raise UsageError(f"--plot: expected a file name ending in .png, .svg or .pdf; found {args.plot!r}")
 
+    device = str(args.device).strip().lower()
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--device: expected cpu or cuda; found {args.device!r}")
+
     return Config(
-        argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
+        device=device, argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
         check=args.check, timeout=args.timeout, dtypes=dtypes, ops=ops, collectives=colls,
         axes=axes, axes_requested=args.axis is not None, algorithms=algs,
         algorithms_requested=algs_req, baselines=baselines, baselines_requested=base_req,
