@@ -1,6 +1,7 @@
 """The GPU part must not rot on machines without a GPU: configure with FOURD_CUDA=ON (NCCL from
 the nvidia-nccl-cu13 wheel of this environment), compile and link the CUDA kernels, the core
-with the NCCL backend, and the GPU GoogleTest binary. Nothing is run on a device here."""
+with the NCCL backend, the extension module with its CUDA bindings, and the GPU GoogleTest
+binary. Nothing is run on a device here."""
 
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ def test_gpu_part_compiles_and_links(tmp_path):
     build = tmp_path / "build-gpu"
     cfg = [_tool("cmake"), "-S", str(ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}",
            f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", "-DFOURD_CUDA=ON", "-DFOURD_BUILD_TESTS=ON",
-           "-DFOURD_BUILD_PYTHON=OFF", "-DCMAKE_BUILD_TYPE=Release", "-G", "Ninja",
+           "-DFOURD_BUILD_PYTHON=ON", "-DFOURD_DEV_COPY_MODULE=OFF", "-DCMAKE_BUILD_TYPE=Release", "-G", "Ninja",
            f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
     r = subprocess.run(cfg, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
