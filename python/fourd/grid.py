@@ -7,7 +7,7 @@ import threading
 import weakref
 
 from . import _C
-from ._tensor import DTYPE_NAMES, ITEMSIZE, resolve
+from ._tensor import DTYPE_NAMES, ITEMSIZE, resolve, set_cuda_stream
 from .errors import InvalidArgumentError, NotInitializedError
 
 AXES = ("x", "y", "z", "data")
@@ -218,6 +218,8 @@ class Grid:
         mask = axis_mask(axis)
         comm = self._comm(mask)
         p, n, dt, dev, idx = resolve(tensor, "tensor", True)
+        if dev:
+            set_cuda_stream(idx)
         return comm.all_reduce(p, p, n, dt, dev, idx, _op_code(op), self._algo(algorithm, mask),
                                _timeout(timeout), async_op, accumulate_fp32,
                                tensor if async_op else None)
@@ -230,6 +232,8 @@ class Grid:
         ip, ic, idt, dev, idx = resolve(input, "input", False)
         op_, oc, odt, odev, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
+        if dev:
+            set_cuda_stream(idx)
         return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, self._algo(algorithm, mask),
                                _timeout(timeout), async_op,
                                (output, input) if async_op else None)
@@ -242,6 +246,8 @@ class Grid:
         ip, ic, idt, dev, idx = resolve(input, "input", False)
         op_, oc, odt, odev, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
+        if dev:
+            set_cuda_stream(idx)
         return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, _op_code(op),
                                    self._algo(algorithm, mask), _timeout(timeout), async_op,
                                    accumulate_fp32, (output, input) if async_op else None)
@@ -252,6 +258,8 @@ class Grid:
         if not isinstance(src, int) or isinstance(src, bool):
             raise InvalidArgumentError(f"src: expected a group rank (int), found {src!r}")
         p, n, dt, dev, idx = resolve(tensor, "tensor", True)
+        if dev:
+            set_cuda_stream(idx)
         return comm.broadcast(p, n, dt, dev, idx, src, _timeout(timeout), async_op,
                               tensor if async_op else None)
 
@@ -298,6 +306,24 @@ class Grid:
     def __repr__(self) -> str:
         s = ", ".join(f"{a}={v}" for a, v in self.shape.items())
         return f"fourd.Grid({s}, order='{self._order}', rank {self._rank}/{self.world_size})"
+
+
+def _select_cuda_device(native, rank: int) -> None:
+    """One GPU per local rank: torch.cuda.set_device(local_rank % device_count) when torch is
+    imported, CUDA is available and nobody has chosen a device yet (CUDA not initialised)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not _C.HAVE_CUDA:
+        return
+    try:
+        if not torch.cuda.is_available() or torch.cuda.is_initialized():
+            return
+        count = torch.cuda.device_count()
+        if count > 0:
+            torch.cuda.set_device(native.local_rank(rank) % count)
+    except (AttributeError, RuntimeError):  # a CPU-only or mocked torch: keep the CPU path
+        return
 
 
 def _check_pair(idt, odt, dev, odev):
@@ -410,6 +436,10 @@ def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm
     for ax, algo in (getattr(plan, "algorithms", None) or {}).items():
         if algo not in (None, "-", "auto") and g.size(ax) > 1:
             g.set_axis_algorithm(ax, algo)
+    from . import calibration  # noqa: PLC0415 - the machine profile of `auto` (calibration.py)
+
+    calibration.apply(g)
+    _select_cuda_device(native, g._rank)
     with _lock:
         _current = g
         _all_grids.add(g)

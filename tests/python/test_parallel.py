@@ -3,9 +3,15 @@ ranks; each job runs under a timeout that kills the whole process group."""
 
 import pytest
 
-from conftest import run_mpi_pytest
+from mpirun import run_mpi_pytest
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_collectives(n):
     run_mpi_pytest(n, ["par_collectives.py"], timeout=600)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_algorithms(n):
+    """Every algorithm (flat, ring, rhd, hierarchical, shm, auto) against closed forms."""
+    run_mpi_pytest(n, ["par_algorithms.py"], timeout=600)

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -100,21 +102,37 @@ std::vector<Case> cases() {
   const int n = worldSize();
   std::vector<Case> out;
   const char* orders[] = {"x-y-z-data", "data-z-y-x", "z-x-data-y"};
+  // Virtual nodes rotate over: none (the real node), 1 rank each, n/2 each, and an uneven split
+  // (3 ranks per node on 4 or 8 ranks: nodes of 3+1 or 3+3+2).
+  std::vector<int> rpns = {0, 1, std::max(1, n / 2)};
+  if (n >= 4) rpns.push_back(3);
   int i = 0;
   for (auto s : shapes(n)) {
-    out.push_back({s, orders[i % 3], (i % 2 == 0 && n > 1) ? std::max(1, n / 2) : 0});
+    out.push_back({s, orders[i % 3], n > 1 ? rpns[i % rpns.size()] : 0});
     ++i;
   }
   return out;
 }
 
+bool near(double got, double want, DataType t) {
+  const double tol = (t == DataType::kFloat16 || t == DataType::kBFloat16) ? 1e-2
+                     : t == DataType::kFloat32                             ? 1e-6
+                                                                           : 1e-12;
+  return std::abs(got - want) <= tol * std::abs(want);
+}
+
 }  // namespace
 
+// Every algorithm on every axis mask of every grid shape. The full dtype x count cross product
+// takes too long with 8 ranks on 2 cores, so the dtype rotates over (grid, mask, algorithm):
+// every dtype meets every algorithm on many masks. All ops run at count 7, in place and out of
+// place; sums at 1 and 1000 (counts not divisible by most group sizes).
 TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
   const int me = worldRank();
   const DataType dtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
                              DataType::kBFloat16, DataType::kInt8, DataType::kUInt8,
                              DataType::kInt32, DataType::kInt64};
+  int rot = 0;
   for (const auto& c : cases()) {
     GridConfig cfg;
     cfg.sizes = c.sizes;
@@ -129,59 +147,72 @@ TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
       for (int a = 1; a < kNumAlgorithms; ++a) {
         const Algorithm algo = static_cast<Algorithm>(a);
         ASSERT_NE(detail::algorithmImpl(algo), nullptr) << algorithmName(algo) << " is not built in";
-        for (DataType t : dtypes) {
-          for (size_t count : {size_t(1), size_t(7), size_t(1000)}) {
-            SCOPED_TRACE(std::string("grid ") + std::to_string(c.sizes[0]) + "x" + std::to_string(c.sizes[1]) +
-                         "x" + std::to_string(c.sizes[2]) + "x" + std::to_string(c.sizes[3]) + " " + c.order +
-                         " rpn " + std::to_string(c.rpn) + " axis " + maskName(m) + " algo " +
-                         algorithmName(algo) + " dtype " + toString(t) + " count " + std::to_string(count));
-            CallOptions o;
-            o.algorithm = algo;
-            const size_t es = dataTypeSize(t);
-            // all_reduce, one op per (dtype) to keep the sweep short; all ops at count 7.
-            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
-              if (count != 7 && op != ReduceOp::kSum) continue;
-              if (op == ReduceOp::kAvg && !isFloating(t)) continue;
-              if (!exactFor(op, t, p)) continue;
-              std::vector<char> buf(count * es);
+        const DataType t = dtypes[(rot++) % 8];
+        for (size_t count : {size_t(1), size_t(7), size_t(1000)}) {
+          SCOPED_TRACE(std::string("grid ") + std::to_string(c.sizes[0]) + "x" + std::to_string(c.sizes[1]) +
+                       "x" + std::to_string(c.sizes[2]) + "x" + std::to_string(c.sizes[3]) + " " + c.order +
+                       " rpn " + std::to_string(c.rpn) + " axis " + maskName(m) + " (" +
+                       comm.topology().describe() + ") algo " + algorithmName(algo) + " dtype " +
+                       toString(t) + " count " + std::to_string(count));
+          CallOptions o;
+          o.algorithm = algo;
+          const size_t es = dataTypeSize(t);
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+            if (count != 7 && op != ReduceOp::kSum) continue;
+            if (op == ReduceOp::kAvg && !isFloating(t)) continue;
+            if (!exactFor(op, t, p)) continue;
+            for (bool inPlace : {true, false}) {
+              if (!inPlace && count != 7) continue;
+              std::vector<char> buf(count * es), res(count * es);
               for (size_t i = 0; i < count; ++i) store(buf.data(), i, t, value(me, i));
               Buffer b(buf.data(), count, t);
+              Buffer r = inPlace ? b : Buffer(res.data(), count, t);
               try {
-                comm.allReduce(b, b, op, o);
+                comm.allReduce(b, r, op, o);
               } catch (const InvalidArgument& e) {
-                // The algorithm cannot run this group (for example hierarchical on one node).
+                // The algorithm cannot run this group (hierarchical on one node or on uneven
+                // nodes, shm across nodes): the message says so and why.
                 std::string w = e.what();
                 ASSERT_NE(w.find("cannot run"), std::string::npos) << w;
+                std::string why;
+                ASSERT_FALSE(detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.state(), &why));
+                ASSERT_FALSE(why.empty());
                 goto next_algo;
               }
               for (size_t i = 0; i < count; ++i) {
                 const double want = expected(op, ranks, i);
-                if (op == ReduceOp::kAvg && t == DataType::kFloat16)
-                  ASSERT_NEAR(load(buf.data(), i, t), want, 1e-2 * want);
-                else if (op == ReduceOp::kAvg && t == DataType::kBFloat16)
-                  ASSERT_NEAR(load(buf.data(), i, t), want, 1e-2 * want);
+                const double got = load(r.data, i, t);
+                if (op == ReduceOp::kAvg)
+                  ASSERT_TRUE(near(got, want, t)) << "element " << i << " got " << got << " want " << want;
                 else
-                  ASSERT_EQ(load(buf.data(), i, t), want) << "element " << i << " op " << toString(op);
+                  ASSERT_EQ(got, want) << "element " << i << " op " << toString(op);
               }
             }
-            {
-              // all_gather
-              std::vector<char> in(count * es), out(count * es * p);
-              for (size_t i = 0; i < count; ++i) store(in.data(), i, t, value(me, i));
+          }
+          {
+            // all_gather, out of place and (count 7) in place from this rank's block.
+            std::vector<char> in(count * es), out(count * es * p);
+            for (size_t i = 0; i < count; ++i) store(in.data(), i, t, value(me, i));
+            if (count == 7) {
+              std::memcpy(out.data() + comm.rank() * count * es, in.data(), count * es);
+              comm.allGather(Buffer(out.data() + comm.rank() * count * es, count, t),
+                             Buffer(out.data(), count * p, t), o);
+            } else {
               comm.allGather(Buffer(in.data(), count, t), Buffer(out.data(), count * p, t), o);
-              for (int g = 0; g < p; ++g)
-                for (size_t i = 0; i < count; ++i)
-                  ASSERT_EQ(load(out.data(), g * count + i, t), value(ranks[g], i)) << "block " << g;
             }
-            {
-              // reduce_scatter: block g of rank r holds value(r, g*count+i)
-              std::vector<char> in(count * es * p), out(count * es);
-              for (size_t i = 0; i < count * p; ++i) store(in.data(), i, t, value(me, i));
-              comm.reduceScatter(Buffer(in.data(), count * p, t), Buffer(out.data(), count, t), ReduceOp::kSum, o);
-              const int g = comm.rank();
+            for (int g = 0; g < p; ++g)
               for (size_t i = 0; i < count; ++i)
-                ASSERT_EQ(load(out.data(), i, t), expected(ReduceOp::kSum, ranks, g * count + i));
-            }
+                ASSERT_EQ(load(out.data(), g * count + i, t), value(ranks[g], i)) << "block " << g;
+          }
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+            if (op != ReduceOp::kSum && count != 7) continue;
+            // reduce_scatter: block g of rank r holds value(r, g*count+i)
+            std::vector<char> in(count * es * p), out(count * es);
+            for (size_t i = 0; i < count * p; ++i) store(in.data(), i, t, value(me, i));
+            comm.reduceScatter(Buffer(in.data(), count * p, t), Buffer(out.data(), count, t), op, o);
+            const int g = comm.rank();
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(load(out.data(), i, t), expected(op, ranks, g * count + i)) << "op " << toString(op);
           }
         }
       next_algo:;
@@ -194,6 +225,72 @@ TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
       }
       comm.barrier();
     }
+  }
+}
+
+// Large counts (several ring segments and shared-memory chunks, counts not divisible by k or N)
+// and every level combination of "hierarchical" (FOURD_HIERARCHICAL_INTRA/INTER/CHUNKS).
+TEST(Collectives, LargeCountsAndHierarchicalLevels) {
+  const int n = worldSize();  // at 1 rank every algorithm reduces to a copy: still checked
+  const int me = worldRank();
+  GridConfig cfg;
+  cfg.sizes = {n % 2 == 0 ? 2 : 1, 1, 1, n % 2 == 0 ? n / 2 : n};
+  // Two virtual nodes of n/2 ranks (k = 4 at 8 ranks: in-place reductions whose output aliases
+  // a source other than the first), or one rank per node for odd n.
+  cfg.ranksPerNode = n % 2 == 0 ? n / 2 : 1;
+  cfg.timeoutSeconds = 120;
+  Grid grid(MPI_COMM_WORLD, cfg);
+  const size_t big = (size_t(1) << 20) + 3;
+  auto check = [&](Communicator& comm, Algorithm algo, DataType t, size_t count) {
+    const auto& ranks = comm.worldRanks();
+    const int p = comm.size();
+    const size_t es = dataTypeSize(t);
+    CallOptions o;
+    o.algorithm = algo;
+    std::string why;
+    if (p > 1 && !detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.state(), &why)) return;
+    SCOPED_TRACE(std::string("axis ") + comm.name() + " algo " + algorithmName(algo) + " dtype " +
+                 toString(t) + " count " + std::to_string(count));
+    std::vector<char> buf(count * es);
+    for (size_t i = 0; i < count; ++i) store(buf.data(), i, t, value(me, i));
+    comm.allReduce(Buffer(buf.data(), count, t), Buffer(buf.data(), count, t), ReduceOp::kSum, o);
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(load(buf.data(), i, t), expected(ReduceOp::kSum, ranks, i)) << "all_reduce element " << i;
+    const size_t m = count / p + 1;
+    std::vector<char> in(m * es), out(m * p * es);
+    for (size_t i = 0; i < m; ++i) store(in.data(), i, t, value(me, i));
+    comm.allGather(Buffer(in.data(), m, t), Buffer(out.data(), m * p, t), o);
+    for (int g = 0; g < p; ++g)
+      for (size_t i = 0; i < m; ++i)
+        ASSERT_EQ(load(out.data(), g * m + i, t), value(ranks[g], i)) << "all_gather block " << g;
+    std::vector<char> rin(m * p * es), rout(m * es);
+    for (size_t i = 0; i < m * p; ++i) store(rin.data(), i, t, value(me, i));
+    comm.reduceScatter(Buffer(rin.data(), m * p, t), Buffer(rout.data(), m, t), ReduceOp::kSum, o);
+    for (size_t i = 0; i < m; ++i)
+      ASSERT_EQ(load(rout.data(), i, t), expected(ReduceOp::kSum, ranks, comm.rank() * m + i))
+          << "reduce_scatter element " << i;
+  };
+  for (AxisMask m : {maskOf(Axis::kX), kWorldMask}) {
+    Communicator& comm = grid.communicator(m);
+    for (int a = 1; a < kNumAlgorithms; ++a) check(comm, static_cast<Algorithm>(a), DataType::kFloat32, big);
+    check(comm, Algorithm::kRing, DataType::kBFloat16, big);
+    check(comm, Algorithm::kShm, DataType::kInt64, 1000003);
+  }
+  Communicator& world = grid.communicator(kWorldMask);
+  if (world.topology().numNodes > 1 && world.topology().uniform) {
+    for (const char* intra : {"ring", "rhd", "shm"})
+      for (const char* inter : {"ring", "rhd"})
+        for (const char* chunks : {"1", "3"}) {
+          setenv("FOURD_HIERARCHICAL_INTRA", intra, 1);
+          setenv("FOURD_HIERARCHICAL_INTER", inter, 1);
+          setenv("FOURD_HIERARCHICAL_CHUNKS", chunks, 1);
+          SCOPED_TRACE(std::string("levels ") + intra + "/" + inter + " chunks " + chunks);
+          check(world, Algorithm::kHierarchical, DataType::kInt32, (size_t(1) << 19) + 5);
+          check(world, Algorithm::kHierarchical, DataType::kFloat64, 13);
+        }
+    unsetenv("FOURD_HIERARCHICAL_INTRA");
+    unsetenv("FOURD_HIERARCHICAL_INTER");
+    unsetenv("FOURD_HIERARCHICAL_CHUNKS");
   }
 }
 
@@ -229,7 +326,7 @@ TEST(Collectives, InvalidArgumentsThrowBeforeCommunicating) {
   cfg.sizes = {worldSize(), 1, 1, 1};
   Grid grid(MPI_COMM_WORLD, cfg);
   Communicator& c = grid.communicator(kWorldMask);
-  std::vector<int32_t> a(4), b(4);
+  std::vector<int32_t> a(16), b(4);
   std::vector<float> f(4);
   EXPECT_THROW(c.allReduce(Buffer(a.data(), 4, DataType::kInt32), Buffer(f.data(), 4, DataType::kFloat32),
                            ReduceOp::kSum),
@@ -241,8 +338,9 @@ TEST(Collectives, InvalidArgumentsThrowBeforeCommunicating) {
                InvalidArgument);
   EXPECT_THROW(c.broadcast(Buffer(a.data(), 4, DataType::kInt32), worldSize()), InvalidArgument);
   if (worldSize() > 1) {
-    EXPECT_THROW(c.reduceScatter(Buffer(a.data(), 3, DataType::kInt32), Buffer(b.data(), 1, DataType::kInt32),
-                                 ReduceOp::kSum),
+    // An input count that is not size() x the output count.
+    EXPECT_THROW(c.reduceScatter(Buffer(a.data(), worldSize() + 1, DataType::kInt32),
+                                 Buffer(b.data(), 1, DataType::kInt32), ReduceOp::kSum),
                  InvalidArgument);
   }
   // Still usable afterwards (nothing was sent).

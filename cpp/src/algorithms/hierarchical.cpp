@@ -1,0 +1,354 @@
+// "hierarchical": two levels from the group's topology (PCCL's phase order, the collectives
+// notes section 1): k group ranks on each of N >= 2 nodes. The intra level is the members on my
+// node (CommState::intra, rank = my local index); the rail level is the members with my local
+// index on every node (CommState::rail, rank = my node index), so the k rails of a node run at
+// once and every NIC carries traffic.
+//
+// n bytes (nccl-tests sizes), alpha_i/beta_i inside a node, alpha_e/beta_e per rail between
+// nodes (a rail gets about Be/k of the node's injection Be), gamma per reduced byte:
+//
+//   all_reduce      RS_intra(n) -> AR_rail(n/k) on my 1/k shard -> AG_intra(n).
+//                   Per rank: 2(k-1)/k n bytes inside the node, 2(N-1)/N n/k bytes on the rail
+//                   (node total 2(N-1)/N n: the network lower bound).
+//                   T = 2[(k-1) alpha_i + (k-1)/k n beta_i]
+//                       + 2(N-1) alpha_e + 2(N-1)/N (n/k) beta_e
+//                       + [(k-1)/k n + (N-1)/N n/k] gamma          (ring levels; rhd: log2 steps)
+//   all_gather      AG_rail(n/p per rank, N of them) -> AG_intra(N n/p per rank) -> permute the
+//                   blocks into group-rank order (group ranks on a node need not be
+//                   consecutive). T = (N-1) alpha_e + (N-1)/N (n/k) beta_e + (k-1) alpha_i
+//                   + (k-1)/k n beta_i + n/memcpy.
+//   reduce_scatter  permute the input so that local rank l's intra block holds the blocks of
+//                   the group ranks with local index l on every node, in node order ->
+//                   RS_intra(n) -> RS_rail(n/k). Same cost plus gamma terms.
+//
+// Each level picks its own algorithm from the cost model and the machine profile: ring or rhd
+// (or shm for the intra level when the node's ranks share memory); FOURD_HIERARCHICAL_INTRA /
+// FOURD_HIERARCHICAL_INTER force one (ring, rhd, shm, auto).
+//
+// Overlap: the buffer is cut into C chunks (MachineProfile::hierarchicalChunks, or
+// FOURD_HIERARCHICAL_CHUNKS; fewer for small buffers, at least 2 MiB a chunk). The intra
+// level and the rail level are two schedules advanced together (runConcurrently): the rail
+// stage of chunk i runs while the intra stage of chunk i+1 runs; for all_reduce the intra
+// order is RS(0) RS(1) AG(0) RS(2) AG(1) ... With ring levels the time tends to
+// sum_l t_l(n/C) + (C-1) max_l t_l(n/C).
+//
+// Not supported (supports() says why, so `auto` skips it and an explicit request raises
+// InvalidArgument): one node (no inter-node level), or nodes holding different numbers of the
+// group's ranks (the rails would differ in size).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "algorithms/levels.hpp"
+#include "fourd/error.hpp"
+#include "internal/comm_state.hpp"
+#include "internal/reduce_kernels.hpp"
+
+namespace fourd::detail {
+
+namespace {
+
+constexpr size_t kMinChunkBytes = 2 * 1024 * 1024;
+
+bool supports(Collective c, CommState& s, std::string* reason) {
+  // One node (no inter-node level) or uneven nodes (rails of different sizes): the cost model
+  // says so in the words explain() shows.
+  return shapeSupports(c, Algorithm::kHierarchical, s, reason);
+}
+
+// "ring" / "rhd" / "shm" / "auto" from an environment variable; nullptr-safe.
+bool envLevel(const char* var, LevelAlgo* out) {
+  const char* e = std::getenv(var);
+  if (!e || !*e) return false;
+  const std::string v(e);
+  if (v == "auto") return false;
+  if (v == "ring") *out = LevelAlgo::kRing;
+  else if (v == "rhd") *out = LevelAlgo::kRhd;
+  else if (v == "shm") *out = LevelAlgo::kShm;
+  else
+    throw InvalidArgument(std::string(var) + ": expected ring, rhd, shm or auto; found '" + v + "'");
+  return true;
+}
+
+// The level's algorithm: forced by the environment, else the cheapest in the cost model.
+LevelAlgo chooseLevel(CommState& s, Collective c, bool intraLevel, int size, size_t bytes,
+                      DataType t, bool shmOk) {
+  LevelAlgo forced;
+  if (envLevel(intraLevel ? "FOURD_HIERARCHICAL_INTRA" : "FOURD_HIERARCHICAL_INTER", &forced)) {
+    if (forced == LevelAlgo::kShm && (!intraLevel || !shmOk)) return LevelAlgo::kRing;
+    return forced;
+  }
+  if (size <= 1 || bytes == 0) return LevelAlgo::kRing;
+  GroupShape shape;
+  shape.size = size;
+  shape.nodes = intraLevel ? 1 : size;
+  shape.ranksPerNode = intraLevel ? size : 1;
+  shape.uniform = true;
+  const MachineProfile& prof = **s.profile;
+  LevelAlgo best = LevelAlgo::kRing;
+  double bestT = predict(c, Algorithm::kRing, bytes, t, shape, prof);
+  const double rhd = predict(c, Algorithm::kRhd, bytes, t, shape, prof);
+  if (rhd < bestT) {
+    best = LevelAlgo::kRhd;
+    bestT = rhd;
+  }
+  if (intraLevel && shmOk) {
+    const double shm = predict(c, Algorithm::kShm, bytes, t, shape, prof);
+    if (shm < bestT) best = LevelAlgo::kShm;
+  }
+  return best;
+}
+
+// Chunks of the pipeline: FOURD_HIERARCHICAL_CHUNKS exactly when set (tests use it to force
+// several), else the profile's hierarchicalChunks, fewer for small buffers (each chunk pays a
+// synchronisation per level, which costs more than it overlaps below ~2 MiB on an
+// oversubscribed node).
+int chunkCount(CommState& s, size_t totalBytes) {
+  if (const char* e = std::getenv("FOURD_HIERARCHICAL_CHUNKS")) {
+    const int v = std::atoi(e);
+    if (v >= 1) return std::min(v, 64);
+  }
+  const int c = std::min(std::max(1, (**s.profile).hierarchicalChunks), 64);
+  const size_t bySize = std::max<size_t>(1, totalBytes / kMinChunkBytes);
+  return static_cast<int>(std::min<size_t>(static_cast<size_t>(c), bySize));
+}
+
+size_t align64(size_t b) { return (b + 63) / 64 * 64; }
+
+// ---- one level, any algorithm ----
+
+size_t levelRSScratch(LevelAlgo a, const Blocks& B, size_t es) {
+  switch (a) {
+    case LevelAlgo::kRing: return ringReduceScatterScratch(B, es);
+    case LevelAlgo::kRhd: return rhdReduceScatterScratch(B, es);
+    case LevelAlgo::kShm: return 0;
+  }
+  return 0;
+}
+
+size_t levelARScratch(LevelAlgo a, size_t count, int p, size_t es) {
+  switch (a) {
+    case LevelAlgo::kRing: return ringAllReduceScratch(count, p, es);
+    case LevelAlgo::kRhd: return rhdAllReduceScratch(count, p, es);
+    case LevelAlgo::kShm: return 0;
+  }
+  return 0;
+}
+
+void levelRS(Schedule& s, LevelAlgo a, ShmWindow* w, const void* in, void* out, const Blocks& B,
+             DataType t, ReduceOp op, void* scratch) {
+  switch (a) {
+    case LevelAlgo::kRing: ringReduceScatter(s, in, out, B, t, op, scratch); break;
+    case LevelAlgo::kRhd: rhdReduceScatter(s, in, out, B, t, op, scratch); break;
+    case LevelAlgo::kShm: shmReduceScatter(s, *w, in, out, B, t, op); break;
+  }
+}
+
+void levelAG(Schedule& s, LevelAlgo a, ShmWindow* w, void* buf, const Blocks& B, DataType t) {
+  switch (a) {
+    case LevelAlgo::kRing: ringAllGather(s, buf, B, t); break;
+    case LevelAlgo::kRhd: rhdAllGather(s, buf, B, t); break;
+    case LevelAlgo::kShm: shmAllGather(s, *w, buf, B, t); break;
+  }
+}
+
+void levelAR(Schedule& s, LevelAlgo a, const void* in, void* out, size_t count, DataType t,
+             ReduceOp op, void* scratch) {
+  switch (a) {
+    case LevelAlgo::kRhd: rhdAllReduce(s, in, out, count, t, op, scratch); break;
+    default: ringAllReduce(s, in, out, count, t, op, scratch); break;
+  }
+}
+
+// Everything the three collectives share: the two levels, their algorithms, the flags that
+// order the two schedules.
+struct Levels {
+  const GroupTopology& topo;
+  int k, N, l, node;
+  MpiComm* intra;
+  MpiComm* rail;
+  LevelAlgo ia = LevelAlgo::kRing, ea = LevelAlgo::kRing;
+  ShmWindow* w = nullptr;
+  std::vector<std::vector<int>> member;  // member[node][local] = group rank
+
+  Levels(CommState& s, OpContext& ctx) : topo(s.topo) {
+    k = topo.k;
+    N = topo.numNodes;
+    const int me = s.rank();
+    l = topo.localIndex[me];
+    node = topo.nodeIndex[me];
+    intra = &s.intra(ctx);
+    rail = &s.rail(ctx);
+    member.assign(N, std::vector<int>(k, -1));
+    for (int g = 0; g < topo.size; ++g) member[topo.nodeIndex[g]][topo.localIndex[g]] = g;
+  }
+
+  // Picks both levels; `intraBytes` is what one intra-level collective moves.
+  void choose(CommState& s, Collective intraColl, size_t intraBytes, Collective railColl,
+              size_t railBytes, DataType t, size_t shmBytesPerRank, OpContext& ctx) {
+    const bool shmOk = k > 1 && s.intraSharesMemory(ctx);
+    ia = chooseLevel(s, intraColl, true, k, intraBytes, t, shmOk);
+    ea = chooseLevel(s, railColl, false, N, railBytes, t, false);
+    if (ia == LevelAlgo::kShm) {
+      w = shmWindow(s, shmBytesPerRank, ctx);
+      if (!w) ia = LevelAlgo::kRing;
+    }
+  }
+
+  void run(Schedule& si, Schedule& sr, OpContext& ctx) {
+    markShmRunning(w, true);
+    runConcurrently({&si, &sr}, ctx);
+    markShmRunning(w, false);
+  }
+};
+
+std::function<std::string()> laggingLevel(const char* what, int chunk) {
+  return [what, chunk] {
+    return std::string("the ") + what + " of chunk " + std::to_string(chunk) + " (on this rank)";
+  };
+}
+
+void allReduce(CommState& s, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  Levels L(s, ctx);
+  const DataType t = in.dtype;
+  const size_t es = dataTypeSize(t);
+  const size_t count = in.count;
+  const int C = chunkCount(s, in.bytes());
+  const Blocks chunks = Blocks::even(count, C);
+  const size_t maxChunk = chunks.maxCount();
+  const size_t maxShard = (maxChunk + L.k - 1) / L.k;
+  L.choose(s, Collective::kAllReduce, maxChunk * es, Collective::kAllReduce, maxShard * es, t,
+           maxChunk * es, ctx);
+  char* scratchI = static_cast<char*>(
+      s.scratch(0, std::max<size_t>(64, levelRSScratch(L.ia, Blocks::even(maxChunk, L.k), es))));
+  char* scratchE = static_cast<char*>(
+      s.scratch(1, std::max<size_t>(64, levelARScratch(L.ea, maxShard, L.N, es))));
+
+  Schedule si(*L.intra, laneTag(ctx, 1)), sr(*L.rail, laneTag(ctx, 2));
+  std::vector<char> rsDone(C, 0), arDone(C, 0);
+  const char* src = static_cast<const char*>(in.data);
+  char* dst = static_cast<char*>(out.data);
+  auto agIntra = [&](int c) {
+    const Blocks ib = Blocks::even(chunks.count(c), L.k);
+    char* chunk = dst + chunks.offset(c) * es;
+    si.waitUntil([&arDone, c] { return arDone[c] != 0; }, laggingLevel("rail all_reduce", c));
+    levelAG(si, L.ia, L.w, chunk, ib, t);
+  };
+  for (int c = 0; c < C; ++c) {
+    const size_t c0 = chunks.offset(c);
+    const Blocks ib = Blocks::even(chunks.count(c), L.k);
+    char* shard = dst + (c0 + ib.offset(L.l)) * es;
+    const size_t sn = ib.count(L.l);
+    // Intra reduce-scatter of chunk c: my shard lands in place in the output.
+    levelRS(si, L.ia, L.w, src + c0 * es, shard, ib, t, op, scratchI);
+    si.compute([&rsDone, c] { rsDone[c] = 1; });
+    // Rail all-reduce of my shard, as soon as it is ready.
+    sr.waitUntil([&rsDone, c] { return rsDone[c] != 0; }, laggingLevel("intra reduce_scatter", c));
+    levelAR(sr, L.ea, shard, shard, sn, t, op, scratchE);
+    sr.compute([&arDone, c] { arDone[c] = 1; });
+    if (c >= 1) agIntra(c - 1);
+  }
+  agIntra(C - 1);
+  L.run(si, sr, ctx);
+}
+
+void allGather(CommState& s, const Buffer& in, const Buffer& out, OpContext& ctx) {
+  Levels L(s, ctx);
+  const DataType t = in.dtype;
+  const size_t es = dataTypeSize(t);
+  const size_t m = in.count;
+  const int p = s.size();
+  const int C = chunkCount(s, out.bytes());
+  const Blocks chunks = Blocks::even(m, C);
+  const size_t maxChunk = chunks.maxCount();
+  L.choose(s, Collective::kAllGather, maxChunk * p * es, Collective::kAllGather,
+           maxChunk * L.N * es, t, maxChunk * L.N * es, ctx);
+  // T: chunk c occupies p * chunk elements at p * offset(c), laid out [local][node] x chunk.
+  char* T = static_cast<char*>(s.scratch(0, std::max<size_t>(64, static_cast<size_t>(p) * m * es)));
+  Schedule si(*L.intra, laneTag(ctx, 1)), sr(*L.rail, laneTag(ctx, 2));
+  std::vector<char> railDone(C, 0);
+  const char* src = static_cast<const char*>(in.data);
+  char* dst = static_cast<char*>(out.data);
+  const int k = L.k, N = L.N;
+  for (int c = 0; c < C; ++c) {
+    const size_t c0 = chunks.offset(c), cm = chunks.count(c);
+    char* Tc = T + static_cast<size_t>(p) * c0 * es;
+    char* myRail = Tc + static_cast<size_t>(L.l) * N * cm * es;
+    char* myBlock = myRail + static_cast<size_t>(L.node) * cm * es;
+    sr.compute([=] { std::memcpy(myBlock, src + c0 * es, cm * es); });
+    levelAG(sr, L.ea, L.w, myRail, Blocks::uniform(cm, N), t);
+    sr.compute([&railDone, c] { railDone[c] = 1; });
+    si.waitUntil([&railDone, c] { return railDone[c] != 0; }, laggingLevel("rail all_gather", c));
+    levelAG(si, L.ia, L.w, Tc, Blocks::uniform(static_cast<size_t>(N) * cm, k), t);
+    const auto* member = &L.member;
+    si.compute([=] {
+      for (int ll = 0; ll < k; ++ll)
+        for (int nn = 0; nn < N; ++nn) {
+          const size_t g = static_cast<size_t>((*member)[nn][ll]);
+          std::memcpy(dst + (g * m + c0) * es, Tc + (static_cast<size_t>(ll) * N + nn) * cm * es,
+                      cm * es);
+        }
+    });
+  }
+  L.run(si, sr, ctx);
+}
+
+void reduceScatter(CommState& s, const Buffer& in, const Buffer& out, ReduceOp op,
+                   OpContext& ctx) {
+  Levels L(s, ctx);
+  const DataType t = in.dtype;
+  const size_t es = dataTypeSize(t);
+  const size_t m = out.count;
+  const int p = s.size();
+  const int k = L.k, N = L.N;
+  const int C = chunkCount(s, in.bytes());
+  const Blocks chunks = Blocks::even(m, C);
+  const size_t maxChunk = chunks.maxCount();
+  L.choose(s, Collective::kReduceScatter, maxChunk * p * es, Collective::kReduceScatter,
+           maxChunk * N * es, t, maxChunk * p * es, ctx);
+  // Slot 0: T (the permuted input, p*m), U (the intra results, N*m), the intra level's scratch.
+  const size_t tBytes = align64(static_cast<size_t>(p) * m * es);
+  const size_t uBytes = align64(static_cast<size_t>(N) * m * es);
+  const size_t iBytes =
+      levelRSScratch(L.ia, Blocks::uniform(static_cast<size_t>(N) * maxChunk, k), es);
+  char* T = static_cast<char*>(s.scratch(0, tBytes + uBytes + std::max<size_t>(64, iBytes)));
+  char* U = T + tBytes;
+  char* scratchI = U + uBytes;
+  char* scratchE = static_cast<char*>(
+      s.scratch(1, std::max<size_t>(64, levelRSScratch(L.ea, Blocks::uniform(maxChunk, N), es))));
+  Schedule si(*L.intra, laneTag(ctx, 1)), sr(*L.rail, laneTag(ctx, 2));
+  std::vector<char> intraDone(C, 0);
+  const char* src = static_cast<const char*>(in.data);
+  char* dst = static_cast<char*>(out.data);
+  const auto* member = &L.member;
+  for (int c = 0; c < C; ++c) {
+    const size_t c0 = chunks.offset(c), cm = chunks.count(c);
+    char* Tc = T + static_cast<size_t>(p) * c0 * es;
+    char* Uc = U + static_cast<size_t>(N) * c0 * es;
+    // Local rank ll's intra block = the chunks of the group ranks (node nn, local ll), node order.
+    si.compute([=] {
+      for (int ll = 0; ll < k; ++ll)
+        for (int nn = 0; nn < N; ++nn) {
+          const size_t g = static_cast<size_t>((*member)[nn][ll]);
+          std::memcpy(Tc + (static_cast<size_t>(ll) * N + nn) * cm * es, src + (g * m + c0) * es,
+                      cm * es);
+        }
+    });
+    levelRS(si, L.ia, L.w, Tc, Uc, Blocks::uniform(static_cast<size_t>(N) * cm, k), t, op,
+            scratchI);
+    si.compute([&intraDone, c] { intraDone[c] = 1; });
+    sr.waitUntil([&intraDone, c] { return intraDone[c] != 0; },
+                 laggingLevel("intra reduce_scatter", c));
+    levelRS(sr, L.ea, L.w, Uc, dst + c0 * es, Blocks::uniform(cm, N), t, op, scratchE);
+  }
+  L.run(si, sr, ctx);
+}
+
+}  // namespace
+
+extern const AlgorithmImpl kHierarchicalAlgorithm = {Algorithm::kHierarchical, "hierarchical",
+                                                     supports, allReduce, allGather,
+                                                     reduceScatter};
+
+}  // namespace fourd::detail

@@ -1,0 +1,282 @@
+// "rhd": recursive halving / doubling, log depth (Thakur, Rabenseifner & Gropp 2005).
+//
+// p ranks, pof2 = the largest power of two <= p, rem = p - pof2, n bytes; alpha/beta/gamma as
+// in docs/algorithms.md. Non-powers of two fold the rem extra ranks in first: even ranks
+// r < 2 rem hand their data to r + 1 and sit out; the pof2 remaining ranks (virtual rank
+// v = r/2 for odd r < 2 rem, r - rem above) run the power-of-two algorithm, and the result is
+// handed back at the end. A virtual rank owns the real blocks of the ranks it stands for (two
+// for a folded pair), so its range of blocks is contiguous and every exchange is one message.
+//
+//   reduce_scatter  (halving) fold: n bytes to the partner and n reduced. Then log2 pof2 steps
+//                   at distance pof2/2, pof2/4, ..., 1: send the half of my current range that
+//                   the partner keeps, receive mine, reduce (n/2, n/4, ... bytes). Unfold: the
+//                   folded partner's block back (n/p).
+//                   T = log2 p alpha + (p-1)/p n (beta + gamma)          (p a power of two)
+//   all_gather      (doubling) fold: my block to the partner (n/p). log2 pof2 steps at distance
+//                   1, 2, ..., pof2/2 exchanging the range gathered so far (n/p ... n/2 bytes).
+//                   Unfold: the whole result to the partner (n).
+//                   T = log2 p alpha + (p-1)/p n beta
+//   all_reduce      large (>= 32 KiB): Rabenseifner = halving reduce-scatter + doubling
+//                   all-gather over pof2 even blocks, fold / unfold n bytes each.
+//                   T = 2 log2 p alpha + 2 (p-1)/p n beta + (p-1)/p n gamma
+//                   small: recursive doubling, log2 pof2 exchanges of the whole buffer.
+//                   T = log2 p (alpha + n beta + n gamma)
+//
+// Every exchange is a pair of non-blocking messages followed by one deadline-aware wait; a
+// folded-out rank waits for its send before receiving into a buffer that overlaps it.
+// Scratch: an accumulator of n bytes and a receive buffer of n bytes.
+#include <algorithm>
+#include <cstring>
+
+#include "algorithms/levels.hpp"
+#include "internal/comm_state.hpp"
+#include "internal/reduce_kernels.hpp"
+
+namespace fourd::detail {
+
+namespace {
+
+struct Fold {
+  int p, r, pof2, rem;
+  int v;  // my virtual rank, -1 when folded out
+  Fold(int size, int rank) : p(size), r(rank) {
+    pof2 = 1;
+    while (pof2 * 2 <= p) pof2 *= 2;
+    rem = p - pof2;
+    if (r < 2 * rem) v = (r % 2 == 1) ? r / 2 : -1;
+    else v = r - rem;
+  }
+  bool foldedOut() const { return v < 0; }
+  bool hasPartner() const { return v >= 0 && r < 2 * rem; }  // odd rank holding a folded pair
+  int real(int vr) const { return vr < rem ? 2 * vr + 1 : vr + rem; }
+  // First real block owned by virtual rank vr (vr == pof2 gives p).
+  int lo(int vr) const { return vr < rem ? 2 * vr : vr + rem; }
+};
+
+}  // namespace
+
+size_t rhdDoublingThreshold() { return 32 * 1024; }
+
+size_t rhdReduceScatterScratch(const Blocks& B, size_t es) {
+  return 2 * std::max<size_t>(1, B.total()) * es;
+}
+
+void rhdReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B, DataType t,
+                      ReduceOp op, void* scratch) {
+  const int p = s.comm().size(), r = s.comm().rank();
+  const size_t es = dataTypeSize(t);
+  const char* in = static_cast<const char*>(inV);
+  char* out = static_cast<char*>(outV);
+  if (p == 1) {
+    if (out != in + B.offset(0) * es)
+      s.compute([=] { std::memmove(out, in + B.offset(0) * es, B.count(0) * es); });
+    return;
+  }
+  const Fold f(p, r);
+  const size_t total = B.total();
+  if (f.foldedOut()) {
+    // Hand everything to r + 1; my block comes back reduced.
+    s.send(in, total * es, r + 1);
+    s.waitAll();
+    s.recv(out, B.count(r) * es, r + 1);
+    s.waitAll();
+    return;
+  }
+  char* acc = static_cast<char*>(scratch);
+  char* tmp = acc + total * es;
+  const char* src = in;
+  if (f.hasPartner()) {
+    s.recv(acc, total * es, r - 1);
+    s.waitAll();
+    s.compute([=] { reduceInto(acc, in, total, t, op); });
+    src = acc;
+  }
+  // Halving over virtual ranks: my range [vlo, vhi) of virtual ranks shrinks to [v, v + 1).
+  int vlo = 0, vhi = f.pof2;
+  for (int d = f.pof2 / 2; d >= 1; d /= 2) {
+    const int partner = f.real(f.v ^ d);
+    const bool upper = (f.v & d) != 0;
+    const int mlo = upper ? vlo + d : vlo, mhi = upper ? vhi : vlo + d;
+    const int olo = upper ? vlo : vlo + d, ohi = upper ? vlo + d : vhi;
+    const size_t mo = B.offset(f.lo(mlo)), mn = B.offset(f.lo(mhi)) - mo;
+    const size_t oo = B.offset(f.lo(olo)), on = B.offset(f.lo(ohi)) - oo;
+    s.recv(tmp, mn * es, partner);
+    s.send(src + oo * es, on * es, partner);
+    s.waitAll();
+    if (d == 1 && !f.hasPartner()) {
+      // Last step, my range is exactly my block: reduce straight into the output.
+      const char* a = src + mo * es;
+      s.compute([=] { reduce2(out, a, tmp, mn, t, op); });
+    } else {
+      const char* a = src + mo * es;
+      char* dst = acc + mo * es;
+      s.compute([=] { reduce2(dst, a, tmp, mn, t, op); });
+    }
+    src = acc;
+    vlo = mlo;
+    vhi = mhi;
+  }
+  if (f.hasPartner()) {
+    // My range holds blocks r - 1 (the folded partner's) and r.
+    s.send(acc + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
+    const char* mine = acc + B.offset(r) * es;
+    const size_t n = B.count(r);
+    s.compute([=] { std::memcpy(out, mine, n * es); });
+    s.waitAll();
+  }
+}
+
+void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t) {
+  const int p = s.comm().size(), r = s.comm().rank();
+  if (p == 1) return;
+  const size_t es = dataTypeSize(t);
+  char* buf = static_cast<char*>(bufV);
+  const Fold f(p, r);
+  const size_t total = B.total();
+  if (f.foldedOut()) {
+    s.send(buf + B.offset(r) * es, B.count(r) * es, r + 1);
+    s.waitAll();
+    s.recv(buf, total * es, r + 1);
+    s.waitAll();
+    return;
+  }
+  if (f.hasPartner()) {
+    s.recv(buf + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
+    s.waitAll();
+  }
+  for (int d = 1; d < f.pof2; d *= 2) {
+    const int pv = f.v ^ d;
+    const int mlo = f.v & ~(d - 1), olo = pv & ~(d - 1);
+    const size_t mo = B.offset(f.lo(mlo)), mn = B.offset(f.lo(mlo + d)) - mo;
+    const size_t oo = B.offset(f.lo(olo)), on = B.offset(f.lo(olo + d)) - oo;
+    s.recv(buf + oo * es, on * es, f.real(pv));
+    s.send(buf + mo * es, mn * es, f.real(pv));
+    s.waitAll();
+  }
+  if (f.hasPartner()) {
+    s.send(buf, total * es, r - 1);
+    s.waitAll();
+  }
+}
+
+size_t rhdAllReduceScratch(size_t count, int p, size_t es) {
+  return 2 * std::max<size_t>(1, count) * es;
+}
+
+void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataType t, ReduceOp op,
+                  void* scratch) {
+  const int p = s.comm().size(), r = s.comm().rank();
+  const size_t es = dataTypeSize(t);
+  const char* in = static_cast<const char*>(inV);
+  char* out = static_cast<char*>(outV);
+  if (p == 1) {
+    if (in != out) s.compute([=] { std::memcpy(out, in, count * es); });
+    return;
+  }
+  const Fold f(p, r);
+  const size_t n = count * es;
+  if (f.foldedOut()) {
+    s.send(in, n, r + 1);
+    s.waitAll();
+    s.recv(out, n, r + 1);
+    s.waitAll();
+    return;
+  }
+  char* acc = static_cast<char*>(scratch);
+  char* tmp = acc + n;
+  const bool doubling = n < rhdDoublingThreshold() || count < static_cast<size_t>(f.pof2);
+  if (doubling) {
+    // Recursive doubling on the whole buffer, accumulated in `out`.
+    if (f.hasPartner()) {
+      s.recv(tmp, n, r - 1);
+      s.waitAll();
+      s.compute([=] { reduce2(out, in, tmp, count, t, op); });
+    } else if (in != out) {
+      s.compute([=] { std::memcpy(out, in, n); });
+    }
+    for (int d = 1; d < f.pof2; d *= 2) {
+      const int partner = f.real(f.v ^ d);
+      s.recv(tmp, n, partner);
+      s.send(out, n, partner);
+      s.waitAll();
+      s.compute([=] { reduceInto(out, tmp, count, t, op); });
+    }
+  } else {
+    // Rabenseifner over pof2 even blocks, one per virtual rank.
+    const Blocks V = Blocks::even(count, f.pof2);
+    const char* src = in;
+    if (f.hasPartner()) {
+      s.recv(acc, n, r - 1);
+      s.waitAll();
+      s.compute([=] { reduceInto(acc, in, count, t, op); });
+      src = acc;
+    }
+    int vlo = 0, vhi = f.pof2;
+    for (int d = f.pof2 / 2; d >= 1; d /= 2) {
+      const int partner = f.real(f.v ^ d);
+      const bool upper = (f.v & d) != 0;
+      const int mlo = upper ? vlo + d : vlo, mhi = upper ? vhi : vlo + d;
+      const int olo = upper ? vlo : vlo + d, ohi = upper ? vlo + d : vhi;
+      const size_t mo = V.offset(mlo), mn = V.span(mlo, mhi);
+      const size_t oo = V.offset(olo), on = V.span(olo, ohi);
+      s.recv(tmp, mn * es, partner);
+      s.send(src + oo * es, on * es, partner);
+      s.waitAll();
+      const char* a = src + mo * es;
+      char* dst = (d == 1 ? out : acc) + mo * es;
+      s.compute([=] { reduce2(dst, a, tmp, mn, t, op); });
+      src = acc;
+      vlo = mlo;
+      vhi = mhi;
+    }
+    // Doubling all-gather of the virtual blocks, in place in `out`.
+    for (int d = 1; d < f.pof2; d *= 2) {
+      const int pv = f.v ^ d;
+      const int mlo = f.v & ~(d - 1), olo = pv & ~(d - 1);
+      s.recv(out + V.offset(olo) * es, V.span(olo, olo + d) * es, f.real(pv));
+      s.send(out + V.offset(mlo) * es, V.span(mlo, mlo + d) * es, f.real(pv));
+      s.waitAll();
+    }
+  }
+  if (f.hasPartner()) {
+    s.send(out, n, r - 1);
+    s.waitAll();
+  }
+}
+
+// ---- the "rhd" algorithm on the whole group ----
+
+namespace {
+
+bool supports(Collective, CommState&, std::string*) { return true; }
+
+void allReduce(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  void* scratch = st.scratch(0, rhdAllReduceScratch(in.count, st.size(), dataTypeSize(in.dtype)));
+  Schedule s(*st.mpi, ctx.tag);
+  rhdAllReduce(s, in.data, out.data, in.count, in.dtype, op, scratch);
+  s.run(ctx);
+}
+
+void allGather(CommState& st, const Buffer& in, const Buffer& out, OpContext& ctx) {
+  const Buffer mine = out.slice(in.count * st.rank(), in.count);
+  if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
+  Schedule s(*st.mpi, ctx.tag);
+  rhdAllGather(s, out.data, Blocks::uniform(in.count, st.size()), in.dtype);
+  s.run(ctx);
+}
+
+void reduceScatter(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op,
+                   OpContext& ctx) {
+  const Blocks B = Blocks::uniform(out.count, st.size());
+  void* scratch = st.scratch(0, rhdReduceScatterScratch(B, dataTypeSize(in.dtype)));
+  Schedule s(*st.mpi, ctx.tag);
+  rhdReduceScatter(s, in.data, out.data, B, in.dtype, op, scratch);
+  s.run(ctx);
+}
+
+}  // namespace
+
+extern const AlgorithmImpl kRhdAlgorithm = {Algorithm::kRhd, "rhd", supports, allReduce,
+                                            allGather, reduceScatter};
+
+}  // namespace fourd::detail

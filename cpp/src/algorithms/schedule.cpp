@@ -1,0 +1,261 @@
+// Blocks and Schedule (schedule.hpp): the small engine the point-to-point algorithms are built on.
+#include "algorithms/schedule.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "fourd/error.hpp"
+
+namespace fourd::detail {
+
+// ---- Blocks ---------------------------------------------------------------------------------
+
+Blocks Blocks::even(size_t total, int p) {
+  Blocks b;
+  b.off.resize(static_cast<size_t>(p) + 1);
+  const size_t base = total / p, extra = total % p;
+  b.off[0] = 0;
+  for (int i = 0; i < p; ++i)
+    b.off[i + 1] = b.off[i] + base + (static_cast<size_t>(i) < extra ? 1 : 0);
+  return b;
+}
+
+Blocks Blocks::uniform(size_t each, int p) {
+  Blocks b;
+  b.off.resize(static_cast<size_t>(p) + 1);
+  for (int i = 0; i <= p; ++i) b.off[i] = each * static_cast<size_t>(i);
+  return b;
+}
+
+size_t Blocks::maxCount() const noexcept {
+  size_t m = 0;
+  for (int i = 0; i < size(); ++i) m = std::max(m, count(i));
+  return m;
+}
+
+// ---- Schedule -------------------------------------------------------------------------------
+
+Schedule::Handle Schedule::send(const void* buf, size_t bytes, int peer) {
+  Msg m;
+  m.sbuf = buf;
+  m.bytes = bytes;
+  m.peer = peer;
+  msgs_.push_back(m);
+  Action a{Kind::kSend};
+  a.first = static_cast<Handle>(msgs_.size()) - 1;
+  actions_.push_back(std::move(a));
+  return static_cast<Handle>(msgs_.size()) - 1;
+}
+
+Schedule::Handle Schedule::recv(void* buf, size_t bytes, int peer) {
+  Msg m;
+  m.rbuf = buf;
+  m.bytes = bytes;
+  m.peer = peer;
+  msgs_.push_back(m);
+  Action a{Kind::kRecv};
+  a.first = static_cast<Handle>(msgs_.size()) - 1;
+  actions_.push_back(std::move(a));
+  return static_cast<Handle>(msgs_.size()) - 1;
+}
+
+void Schedule::wait(Handle first, Handle last) {
+  if (last <= first) return;
+  Action a{Kind::kWait};
+  a.first = first;
+  a.last = last;
+  actions_.push_back(std::move(a));
+}
+
+void Schedule::waitAll() { wait(0, handles()); }
+
+void Schedule::compute(std::function<void()> fn) {
+  Action a{Kind::kCompute};
+  a.fn = std::move(fn);
+  actions_.push_back(std::move(a));
+}
+
+void Schedule::waitUntil(std::function<bool()> ready, std::function<std::string()> laggards,
+                         double spinMicros) {
+  Action a{Kind::kUntil};
+  a.ready = std::move(ready);
+  a.laggards = std::move(laggards);
+  a.spinMicros = spinMicros;
+  actions_.push_back(std::move(a));
+}
+
+void Schedule::waitRange(const Action& a, size_t* begin, size_t* end) const {
+  // Handles are posted in order, so the requests of [first, last) are contiguous.
+  *begin = msgs_[a.first].reqBegin;
+  *end = msgs_[a.last - 1].reqEnd;
+}
+
+bool Schedule::testCurrent() {
+  const Action& a = actions_[next_];
+  if (a.kind == Kind::kUntil) return a.ready();
+  size_t b, e;
+  waitRange(a, &b, &e);
+  if (b == e) return true;
+  int flag = 0;
+  checkMpi(MPI_Testall(static_cast<int>(e - b), reqs_.data() + b, &flag, MPI_STATUSES_IGNORE),
+           "MPI_Testall");
+  return flag != 0;
+}
+
+bool Schedule::advance(OpContext& ctx) {
+  while (next_ < actions_.size()) {
+    Action& a = actions_[next_];
+    switch (a.kind) {
+      case Kind::kSend:
+      case Kind::kRecv: {
+        Msg& m = msgs_[a.first];
+        m.reqBegin = reqs_.size();
+        if (a.kind == Kind::kSend) comm_->isend(m.sbuf, m.bytes, m.peer, tag_, reqs_, peers_);
+        else comm_->irecv(m.rbuf, m.bytes, m.peer, tag_, reqs_, peers_);
+        m.reqEnd = reqs_.size();
+        break;
+      }
+      case Kind::kWait:
+      case Kind::kUntil:
+        if (!testCurrent()) return false;
+        break;
+      case Kind::kCompute: a.fn(); break;
+    }
+    ++next_;
+  }
+  return true;
+}
+
+void Schedule::run(OpContext& ctx) {
+  while (next_ < actions_.size()) {
+    if (advance(ctx)) return;
+    const Action& a = actions_[next_];
+    if (a.kind == Kind::kWait) {
+      size_t b, e;
+      waitRange(a, &b, &e);
+      comm_->wait(reqs_.data() + b, static_cast<int>(e - b), peers_.data() + b, ctx);
+    } else {
+      detail::waitUntil(a.ready, a.laggards, ctx, a.spinMicros);
+    }
+    ++next_;
+  }
+}
+
+void Schedule::timeout(OpContext& ctx) {
+  std::ostringstream os;
+  os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed() << " s (timeout "
+     << ctx.timeoutSeconds << " s)";
+  if (next_ < actions_.size()) {
+    const Action& a = actions_[next_];
+    if (a.kind == Kind::kUntil) {
+      os << " waiting for " << (a.laggards ? a.laggards() : std::string("a shared-memory flag"));
+    } else if (a.kind == Kind::kWait) {
+      size_t b, e;
+      waitRange(a, &b, &e);
+      std::vector<int> missing;
+      for (size_t i = b; i < e; ++i) {
+        int flag = 1;
+        if (reqs_[i] != MPI_REQUEST_NULL) MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE);
+        if (!flag && peers_[i] >= 0) {
+          const int w = comm_->worldRanks().at(peers_[i]);
+          if (std::find(missing.begin(), missing.end(), w) == missing.end()) missing.push_back(w);
+        }
+      }
+      if (!missing.empty()) {
+        os << "; peers that never arrived: world ranks [";
+        for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+        os << "]";
+      }
+    }
+  }
+  throw TimeoutError(os.str());
+}
+
+void runConcurrently(const std::vector<Schedule*>& schedules, OpContext& ctx) {
+  if (schedules.size() == 1) {
+    schedules[0]->run(ctx);
+    return;
+  }
+  Backoff backoff;
+  unsigned polls = 0;
+  auto nextCheck = Clock::now() + std::chrono::milliseconds(20);
+  while (true) {
+    bool allDone = true, progressed = false;
+    for (Schedule* s : schedules) {
+      if (s->done()) continue;
+      const size_t before = s->next_;
+      s->advance(ctx);
+      progressed = progressed || s->next_ != before;
+      allDone = allDone && s->done();
+    }
+    if (allDone) return;
+    if (progressed) {
+      backoff = Backoff();
+      continue;
+    }
+    if ((++polls & 63u) == 0) {
+      const auto now = Clock::now();
+      if (now >= nextCheck) {
+        nextCheck = now + std::chrono::milliseconds(20);
+        if (interruptRequested()) {
+          throw AbortedError("fourd: " + ctx.describe() + " was interrupted after " +
+                             std::to_string(ctx.elapsed()) + " s");
+        }
+      }
+      if (now >= ctx.deadline) {
+        for (Schedule* s : schedules)
+          if (!s->done()) s->timeout(ctx);
+      }
+    }
+    backoff.pause();
+  }
+}
+
+void waitUntil(const std::function<bool()>& ready, const std::function<std::string()>& laggards,
+               OpContext& ctx, double spinMicros) {
+  if (ready()) return;
+  if (spinMicros > 0) {
+    // Peers on other cores usually arrive within microseconds: keep the core (a yield can
+    // hand it to another process for a whole time slice).
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double, std::micro>(spinMicros));
+    do {
+      for (int i = 0; i < 32; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      }
+      if (ready()) return;
+    } while (Clock::now() < until);
+  }
+  Backoff backoff;
+  unsigned polls = 0;
+  auto nextCheck = Clock::now() + std::chrono::milliseconds(20);
+  while (!ready()) {
+    if ((++polls & 63u) == 0) {
+      const auto now = Clock::now();
+      if (now >= nextCheck) {
+        nextCheck = now + std::chrono::milliseconds(20);
+        if (interruptRequested()) {
+          throw AbortedError("fourd: " + ctx.describe() + " was interrupted after " +
+                             std::to_string(ctx.elapsed()) + " s");
+        }
+      }
+      if (now >= ctx.deadline) {
+        std::ostringstream os;
+        os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed()
+           << " s (timeout " << ctx.timeoutSeconds << " s) waiting for "
+           << (laggards ? laggards() : std::string("a shared-memory flag"));
+        throw TimeoutError(os.str());
+      }
+    }
+    backoff.pause();
+  }
+}
+
+int laneTag(const OpContext& ctx, int lane) {
+  if (lane == 0) return ctx.tag;
+  return static_cast<int>((static_cast<long>(ctx.tag) - 1 + 10007L * lane) % 30000) + 1;
+}
+
+}  // namespace fourd::detail

@@ -1,0 +1,132 @@
+// Private helpers shared by the point-to-point algorithms (ring, rhd, hierarchical, shm):
+//
+//   Blocks    - how a buffer is cut into one contiguous block per rank (uneven when the count is
+//               not divisible).
+//   Schedule  - a resumable list of actions over one MpiComm: post a send / receive, wait for
+//               posted messages, run a local step (a reduction, a copy), wait for a condition
+//               (a shared-memory flag). Built first, then run. A Schedule can run alone
+//               (blocking: every wait on messages is MpiComm::wait with the op's deadline) or
+//               several can be advanced together (runConcurrently), which is how the levels of
+//               "hierarchical" overlap: the inter-node schedule of chunk i progresses while the
+//               intra-node schedule of chunk i+1 runs. This is MPICH's "NBC schedule" idea in
+//               its smallest form.
+//
+// Cross-rank invariant: every rank of a communicator builds the same sequence of messages for a
+// given (collective, count, layout), so messages between two ranks with one tag match in the
+// order they are posted (MPI's non-overtaking rule). Two schedules that run concurrently on the
+// same communicator must use different tags.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fourd/data_type.hpp"
+#include "internal/mpi_comm.hpp"
+#include "internal/op_context.hpp"
+
+namespace fourd::detail {
+
+/// A partition of `total` elements into p contiguous blocks; block i is [offset(i), offset(i+1)).
+struct Blocks {
+  std::vector<size_t> off;  // p + 1 offsets
+
+  /// Even split: the first total % p blocks get one more element.
+  static Blocks even(size_t total, int p);
+  /// p blocks of `each` elements.
+  static Blocks uniform(size_t each, int p);
+
+  int size() const noexcept { return static_cast<int>(off.size()) - 1; }
+  size_t offset(int i) const noexcept { return off[i]; }
+  size_t count(int i) const noexcept { return off[i + 1] - off[i]; }
+  /// Elements of blocks [first, last).
+  size_t span(int first, int last) const noexcept { return off[last] - off[first]; }
+  size_t total() const noexcept { return off.back(); }
+  size_t maxCount() const noexcept;
+};
+
+class Schedule {
+ public:
+  using Handle = int;
+
+  /// Messages go over `comm` with `tag`.
+  Schedule(MpiComm& comm, int tag) : comm_(&comm), tag_(tag) {}
+  Schedule(const Schedule&) = delete;
+  Schedule& operator=(const Schedule&) = delete;
+
+  MpiComm& comm() const noexcept { return *comm_; }
+
+  // ---- building ----
+  /// Posts a non-blocking send / receive of `bytes` (0 is allowed) when reached.
+  Handle send(const void* buf, size_t bytes, int peer);
+  Handle recv(void* buf, size_t bytes, int peer);
+  /// Waits for the messages [first, last) (handles are consecutive integers from 0).
+  void wait(Handle first, Handle last);
+  void wait(Handle h) { wait(h, h + 1); }
+  /// Waits for every message posted so far.
+  void waitAll();
+  /// Runs a local step (a reduction or a copy) when reached.
+  void compute(std::function<void()> fn);
+  /// Waits until `ready()` returns true. `laggards()` names who is late, for a timeout message.
+  /// `spinMicros`: poll without yielding the core for that long first (for short waits on peers
+  /// that run on other cores; 0 when ranks may outnumber cores).
+  void waitUntil(std::function<bool()> ready, std::function<std::string()> laggards,
+                 double spinMicros = 0.0);
+  /// Number of message handles created so far.
+  Handle handles() const noexcept { return static_cast<Handle>(msgs_.size()); }
+
+  // ---- running ----
+  /// Runs actions until one cannot proceed without blocking; true once every action has run.
+  bool advance(OpContext& ctx);
+  /// Runs to completion; waits on messages with MpiComm::wait (ctx's deadline).
+  void run(OpContext& ctx);
+  bool done() const noexcept { return next_ == actions_.size(); }
+
+ private:
+  friend void runConcurrently(const std::vector<Schedule*>&, OpContext&);
+  enum class Kind { kSend, kRecv, kWait, kCompute, kUntil };
+  struct Action {
+    Kind kind;
+    Handle first = 0, last = 0;  // kSend/kRecv: the handle; kWait: the range
+    std::function<void()> fn;
+    std::function<bool()> ready;
+    std::function<std::string()> laggards;
+    double spinMicros = 0.0;
+  };
+  struct Msg {
+    const void* sbuf = nullptr;
+    void* rbuf = nullptr;
+    size_t bytes = 0;
+    int peer = -1;
+    size_t reqBegin = 0, reqEnd = 0;  // filled when posted
+  };
+  // Requests of the wait at actions_[next_] (a contiguous range).
+  void waitRange(const Action& a, size_t* begin, size_t* end) const;
+  bool testCurrent();
+  // Throws TimeoutError naming whatever the current action waits for.
+  [[noreturn]] void timeout(OpContext& ctx);
+
+  MpiComm* comm_;
+  int tag_;
+  std::vector<Action> actions_;
+  std::vector<Msg> msgs_;
+  std::vector<MPI_Request> reqs_;
+  std::vector<int> peers_;
+  size_t next_ = 0;
+};
+
+/// Advances several schedules together until all are done (each may wait on the others through
+/// waitUntil flags). Polls with a polite backoff; throws TimeoutError at ctx's deadline (naming
+/// the peers that never arrived) and AbortedError on an interrupt.
+void runConcurrently(const std::vector<Schedule*>& schedules, OpContext& ctx);
+
+/// Polls until ready() or ctx's deadline: without yielding for the first `spinMicros`, then
+/// politely (yielding the core). Used for shared-memory flags.
+void waitUntil(const std::function<bool()>& ready, const std::function<std::string()>& laggards,
+               OpContext& ctx, double spinMicros = 0.0);
+
+/// A tag that differs from ctx.tag and from the other lanes of the same operation.
+int laneTag(const OpContext& ctx, int lane);
+
+}  // namespace fourd::detail

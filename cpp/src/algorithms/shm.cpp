@@ -1,0 +1,466 @@
+// "shm": collectives inside one node through an MPI-3 shared-memory window.
+//
+// k ranks on one node, n bytes (nccl-tests sizes); c = memcpy time per byte, gamma = reduction
+// time per byte of one input, s = one flag barrier (each rank stores its counter and reads the
+// k counters). The window (MPI_Win_allocate_shared on the node's communicator, cached in
+// CommState::cache) gives each rank a segment of three buffers of B bytes; B grows with the
+// messages up to 512 KiB (1 MiB when the node's ranks outnumber its cores;
+// FOURD_SHM_BUFFER_BYTES overrides), and larger messages are pipelined through it in chunks of
+// B bytes, one barrier per chunk (see "Buffer discipline" below).
+//
+//   all_reduce      per chunk: copy my chunk into my segment except my own 1/k slice, barrier,
+//                   reduce my slice from the k-1 segments and my private input straight into
+//                   my output (32 KiB tiles), storing each tile into my segment while it is in
+//                   the cache, barrier, copy the other k-1 reduced slices out.
+//                   Per rank: (k-1)/k n copied in, (k-1)/k n copied out, n/k stored from the
+//                   cache, (k-1)/k n reduced.
+//                   T = 2(k-1)/k n c + (k-1)/k n gamma + (chunks + 1) s.
+//   reduce_scatter  per chunk: copy the pieces of the other k-1 blocks into my segment, barrier,
+//                   reduce my block's piece from the k-1 segments and my input into the output.
+//                   T = (k-1)/k n c + (k-1)/k n gamma + chunks s.
+//   all_gather      per chunk: copy my block's piece into my segment, barrier, copy the other
+//                   k-1 pieces out. T = n/k c + (k-1)/k n c + chunks s.
+// The cost model (cost_model.cpp) prices these phases (one chunk's barriers; the n/k store of
+// my reduced slice counted as a copy); calibration (python/fourd/calibration.py) fits shmBw to
+// the all-reduce formula.
+//
+// No message crosses MPI: the only synchronisation is the flag barrier. It polls without
+// yielding for up to 50 us when every rank of the node has a core of its own (a yield could
+// hand the core to another process for a whole time slice), otherwise it yields the core after
+// a few polls (ranks outnumber cores: the peer we wait for may need ours), and it has the op's
+// deadline like every other wait. Every rank reduces a different slice, so results are
+// identical on all ranks; 16-bit floats accumulate all k inputs in float32 and round once.
+//
+// Buffer discipline. The barrier counter g of the window counts barriers since it was made. A
+// chunk is named by the barrier that ends its copy-in, so chunk g uses buffer g % 3 and is
+// touched only between barriers g-1 and g+2: copy-in before barrier g, reduction between g
+// and g+1, copy-out between g+1 and g+2. Chunk g+3, the next user of that buffer, starts after
+// barrier g+2. This holds across operations too (a new operation's first chunk takes the next
+// barrier's number), so one barrier per chunk is enough and no barrier closes an operation.
+//
+// Supported when the group is on one node (and its ranks share memory; the first operation
+// checks with MPI_COMM_TYPE_SHARED, and if they do not, runs the ring instead and reports shm
+// unsupported from then on). "hierarchical" uses the same building blocks as its intra-node
+// level.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "algorithms/levels.hpp"
+#include "fourd/error.hpp"
+#include "internal/comm_state.hpp"
+#include "internal/reduce_kernels.hpp"
+
+namespace fourd::detail {
+
+struct ShmWindow {
+  static constexpr size_t kCtrl = 256;  // my barrier counter, on its own cache lines
+  MPI_Win win = MPI_WIN_NULL;
+  MpiComm* comm = nullptr;  // the intra-node communicator (owned by the CommState)
+  int k = 0, me = 0;
+  size_t bufBytes = 0;          // bytes per buffer; each rank has three
+  size_t cap = 0;               // the most bufBytes may grow to
+  std::vector<char*> base;      // every rank's segment, mapped here
+  uint64_t bars = 0;            // barriers this rank has passed
+  bool clean = true;            // false while an operation runs or after one failed
+  double spinMicros = 0.0;      // barrier spin before yielding: > 0 only with a core per rank
+
+  uint64_t* counter(int j) const { return reinterpret_cast<uint64_t*>(base[j]); }
+  char* buffer(int j, uint64_t chunk) const { return base[j] + kCtrl + (chunk % 3) * bufBytes; }
+
+  ~ShmWindow() { release(); }
+  void release() noexcept {
+    if (win == MPI_WIN_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // MPI_Win_free is collective: after a failed operation the peers may never arrive, so the
+    // window is leaked rather than risk a hang at exit.
+    if (!finalized && clean) {
+      MPI_Win_unlock_all(win);
+      MPI_Win_free(&win);
+    }
+    win = MPI_WIN_NULL;
+  }
+};
+
+namespace {
+
+constexpr const char* kWindowKey = "shm.window";
+constexpr size_t kTileBytes = 32 * 1024;
+constexpr const char* kUnavailableKey = "shm.unavailable";
+
+// Bytes per buffer (each rank has three). Small buffers keep a chunk in the caches between its
+// copy-in and its copy-out; larger ones need fewer barriers, which matters when the node's ranks
+// outnumber its cores (each barrier then waits for context switches). Measured on a 2-core VM,
+// float32 all-reduce 1-64 MiB: 256 KiB-1 MiB buffers run 1.1-2.8x faster than MPICH's own
+// all-reduce at 2 and 4 ranks, 4 MiB buffers up to 1.4x slower than 1 MiB ones.
+// FOURD_SHM_BUFFER_BYTES overrides (the same value on every rank).
+size_t bufferCap(int k) {
+  static const long long env = [] {
+    const char* e = std::getenv("FOURD_SHM_BUFFER_BYTES");
+    return e ? std::atoll(e) : 0LL;
+  }();
+  size_t v = env >= 4096 ? static_cast<size_t>(env) : 0;
+  if (v == 0) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    v = (cores > 0 && k > cores) ? size_t(1) << 20 : size_t(512) << 10;
+  }
+  return (v + 63) / 64 * 64;
+}
+
+// Appends a barrier over the window's ranks.
+void barrier(Schedule& s, ShmWindow* w) {
+  s.compute([w] {
+    ++w->bars;
+    MPI_Win_sync(w->win);
+    __atomic_store_n(w->counter(w->me), w->bars, __ATOMIC_RELEASE);
+  });
+  s.waitUntil(
+      [w] {
+        for (int j = 0; j < w->k; ++j)
+          if (__atomic_load_n(w->counter(j), __ATOMIC_ACQUIRE) < w->bars) return false;
+        MPI_Win_sync(w->win);
+        return true;
+      },
+      [w] {
+        std::ostringstream os;
+        os << "shared-memory peers at barrier " << w->bars << ": world ranks [";
+        bool first = true;
+        for (int j = 0; j < w->k; ++j) {
+          if (__atomic_load_n(w->counter(j), __ATOMIC_ACQUIRE) < w->bars) {
+            os << (first ? "" : ", ") << w->comm->worldRanks().at(j);
+            first = false;
+          }
+        }
+        os << "] never arrived";
+        return os.str();
+      },
+      w->spinMicros);
+}
+
+size_t ceilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+ShmWindow* shmWindow(CommState& s, size_t bytesPerRank, OpContext& ctx) {
+  if (s.cache.count(kUnavailableKey)) return nullptr;
+  if (!s.intraSharesMemory(ctx)) {
+    s.cache[kUnavailableKey] = std::make_shared<int>(1);
+    return nullptr;
+  }
+  MpiComm& intra = s.intra(ctx);
+  const size_t cap = bufferCap(intra.size());
+  size_t want = 64 * 1024;
+  while (want < bytesPerRank && want < cap) want *= 2;
+  want = std::min(want, cap);
+  auto it = s.cache.find(kWindowKey);
+  ShmWindow* w = it == s.cache.end() ? nullptr : static_cast<ShmWindow*>(it->second.get());
+  if (w && (w->bufBytes >= want || w->bufBytes >= w->cap)) return w;
+  // (Re)allocate. Every rank asks for the same size (collectives have equal counts), so all
+  // take this branch together. The deadline-aware agreement first: a missing rank times out
+  // here instead of hanging in the collective window calls, no peer still reads the old
+  // window, and every rank takes the smallest size asked (the buffer arithmetic needs one).
+  {
+    unsigned long long mine = want, all = 0;
+    MPI_Request r;
+    checkMpi(MPI_Iallreduce(&mine, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, intra.handle(), &r),
+             "MPI_Iallreduce");
+    intra.wait(&r, 1, nullptr, ctx);
+    want = static_cast<size_t>(all);
+  }
+  if (w) {
+    w->release();
+    s.cache.erase(kWindowKey);
+  }
+  auto nw = std::make_shared<ShmWindow>();
+  nw->comm = &intra;
+  nw->k = intra.size();
+  nw->me = intra.rank();
+  nw->bufBytes = want;
+  nw->cap = cap;
+  {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    nw->spinMicros = (cores > 0 && nw->k <= cores) ? 50.0 : 0.0;
+  }
+  MPI_Info info;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  char* mine = nullptr;
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(ShmWindow::kCtrl + 3 * want), 1,
+                                         info, intra.handle(), &mine, &nw->win);
+  MPI_Info_free(&info);
+  checkMpi(rc, "MPI_Win_allocate_shared");
+  MPI_Win_set_errhandler(nw->win, MPI_ERRORS_RETURN);
+  nw->base.resize(nw->k);
+  for (int j = 0; j < nw->k; ++j) {
+    MPI_Aint size = 0;
+    int disp = 0;
+    void* p = nullptr;
+    checkMpi(MPI_Win_shared_query(nw->win, j, &size, &disp, &p), "MPI_Win_shared_query");
+    nw->base[j] = static_cast<char*>(p);
+  }
+  checkMpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, nw->win), "MPI_Win_lock_all");
+  // Fault every page in now: my segment by writing it, the peers' by reading one byte a page
+  // (each process maps the window separately). Otherwise the first operations through each
+  // buffer pay a page fault per 4 KiB, several times the copy itself.
+  std::memset(mine, 0, ShmWindow::kCtrl + 3 * want);
+  __atomic_store_n(nw->counter(nw->me), uint64_t(0), __ATOMIC_RELEASE);
+  MPI_Win_sync(nw->win);
+  intra.barrier(ctx);
+  {
+    volatile char sink = 0;
+    for (int j = 0; j < nw->k; ++j)
+      for (size_t off = 0; off < ShmWindow::kCtrl + 3 * want; off += 4096)
+        sink = sink + nw->base[j][off];
+    (void)sink;
+  }
+  ShmWindow* raw = nw.get();
+  s.cache[kWindowKey] = nw;
+  return raw;
+}
+
+void shmAllReduce(Schedule& s, ShmWindow& wr, const void* inV, void* outV, size_t count,
+                  DataType t, ReduceOp op) {
+  ShmWindow* w = &wr;
+  const size_t es = dataTypeSize(t);
+  const char* in = static_cast<const char*>(inV);
+  char* out = static_cast<char*>(outV);
+  const int k = w->k, me = w->me;
+  const size_t ce = std::max<size_t>(1, w->bufBytes / es);
+  const int m = static_cast<int>(std::max<size_t>(1, ceilDiv(count, ce)));
+  auto chunk = [=](int i, size_t* c0, size_t* cn) {
+    *c0 = ce * static_cast<size_t>(i);
+    *cn = std::min(ce, count - *c0);
+  };
+  auto copyIn = [&](int i) {
+    size_t c0, cn;
+    chunk(i, &c0, &cn);
+    s.compute([=] {
+      const Blocks sl = Blocks::even(cn, k);
+      char* dst = w->buffer(me, w->bars + 1);
+      const char* src = in + c0 * es;
+      // My own slice is reduced from my private input: no need to share it.
+      std::memcpy(dst, src, sl.offset(me) * es);
+      std::memcpy(dst + sl.offset(me + 1) * es, src + sl.offset(me + 1) * es,
+                  (cn - sl.offset(me + 1)) * es);
+    });
+  };
+  auto reduce = [&](int i) {
+    size_t c0, cn;
+    chunk(i, &c0, &cn);
+    s.compute([=] {
+      const Blocks sl = Blocks::even(cn, k);
+      const uint64_t id = w->bars;
+      const size_t so = sl.offset(me), sn = sl.count(me);
+      // Reduce my slice straight into my output, a cache-sized tile at a time, and store each
+      // tile into my segment while it is hot (the peers copy it out from there). My own input
+      // comes first: the output may alias it (in place).
+      const size_t tile = std::max<size_t>(1, kTileBytes / es);
+      std::vector<const void*> srcs(k);
+      for (size_t o = 0; o < sn; o += tile) {
+        const size_t n = std::min(tile, sn - o);
+        char* dst = out + (c0 + so + o) * es;
+        srcs[0] = in + (c0 + so + o) * es;
+        for (int j = 0, q = 1; j < k; ++j)
+          if (j != me) srcs[q++] = w->buffer(j, id) + (so + o) * es;
+        reduceMany(dst, srcs.data(), k, n, t, op);
+        std::memcpy(w->buffer(me, id) + (so + o) * es, dst, n * es);
+      }
+    });
+  };
+  auto copyOut = [&](int i) {
+    size_t c0, cn;
+    chunk(i, &c0, &cn);
+    s.compute([=] {
+      const Blocks sl = Blocks::even(cn, k);
+      const uint64_t id = w->bars - 1;
+      for (int j = 0; j < k; ++j) {
+        if (j == me) continue;  // written by my reduction already
+        std::memcpy(out + (c0 + sl.offset(j)) * es, w->buffer(j, id) + sl.offset(j) * es,
+                    sl.count(j) * es);
+      }
+    });
+  };
+  copyIn(0);
+  barrier(s, w);
+  for (int i = 1; i < m; ++i) {
+    if (i >= 2) copyOut(i - 2);
+    reduce(i - 1);
+    copyIn(i);
+    barrier(s, w);
+  }
+  if (m >= 2) copyOut(m - 2);
+  reduce(m - 1);
+  barrier(s, w);
+  copyOut(m - 1);
+}
+
+void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, const Blocks& B,
+                      DataType t, ReduceOp op) {
+  ShmWindow* w = &wr;
+  const size_t es = dataTypeSize(t);
+  const char* in = static_cast<const char*>(inV);
+  char* out = static_cast<char*>(outV);
+  const int k = w->k, me = w->me;
+  // Round i handles piece i of every block: elements [i P, (i+1) P) of each, at j P in the buffer.
+  const size_t P = std::max<size_t>(1, w->bufBytes / es / k);
+  const int m = static_cast<int>(std::max<size_t>(1, ceilDiv(B.maxCount(), P)));
+  auto piece = [B, P](int j, int i) {
+    const size_t a = std::min(B.count(j), P * i);
+    return std::make_pair(a, std::min(B.count(j), a + P) - a);
+  };
+  auto copyIn = [&](int i) {
+    s.compute([=] {
+      char* dst = w->buffer(me, w->bars + 1);
+      for (int j = 0; j < k; ++j) {
+        if (j == me) continue;
+        const auto [a, n] = piece(j, i);
+        std::memcpy(dst + j * P * es, in + (B.offset(j) + a) * es, n * es);
+      }
+    });
+  };
+  auto reduce = [&](int i) {
+    s.compute([=] {
+      const uint64_t id = w->bars;
+      const auto [a, n] = piece(me, i);
+      // My own input first: the output may alias it (in place).
+      std::vector<const void*> srcs(k);
+      srcs[0] = in + (B.offset(me) + a) * es;
+      for (int j = 0, q = 1; j < k; ++j)
+        if (j != me) srcs[q++] = w->buffer(j, id) + me * P * es;
+      reduceMany(out + a * es, srcs.data(), k, n, t, op);
+    });
+  };
+  copyIn(0);
+  barrier(s, w);
+  for (int i = 1; i < m; ++i) {
+    reduce(i - 1);
+    copyIn(i);
+    barrier(s, w);
+  }
+  reduce(m - 1);
+}
+
+void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataType t) {
+  ShmWindow* w = &wr;
+  const size_t es = dataTypeSize(t);
+  char* buf = static_cast<char*>(bufV);
+  const int k = w->k, me = w->me;
+  const size_t P = std::max<size_t>(1, w->bufBytes / es);
+  const int m = static_cast<int>(std::max<size_t>(1, ceilDiv(B.maxCount(), P)));
+  auto piece = [B, P](int j, int i) {
+    const size_t a = std::min(B.count(j), P * i);
+    return std::make_pair(a, std::min(B.count(j), a + P) - a);
+  };
+  auto copyIn = [&](int i) {
+    s.compute([=] {
+      const auto [a, n] = piece(me, i);
+      std::memcpy(w->buffer(me, w->bars + 1), buf + (B.offset(me) + a) * es, n * es);
+    });
+  };
+  auto copyOut = [&](int i) {
+    s.compute([=] {
+      const uint64_t id = w->bars;
+      for (int j = 0; j < k; ++j) {
+        if (j == me) continue;
+        const auto [a, n] = piece(j, i);
+        std::memcpy(buf + (B.offset(j) + a) * es, w->buffer(j, id), n * es);
+      }
+    });
+  };
+  copyIn(0);
+  barrier(s, w);
+  for (int i = 1; i < m; ++i) {
+    copyOut(i - 1);
+    copyIn(i);
+    barrier(s, w);
+  }
+  copyOut(m - 1);
+}
+
+const char* levelAlgoName(LevelAlgo a) {
+  switch (a) {
+    case LevelAlgo::kRing: return "ring";
+    case LevelAlgo::kRhd: return "rhd";
+    case LevelAlgo::kShm: return "shm";
+  }
+  return "?";
+}
+
+// ---- the "shm" algorithm on a one-node group ----
+
+namespace {
+
+bool supports(Collective c, CommState& s, std::string* reason) {
+  if (!shapeSupports(c, Algorithm::kShm, s, reason)) return false;  // spans nodes
+  if (s.cache.count(kUnavailableKey)) {
+    if (reason) {
+      *reason = "the ranks of the group do not share memory (MPI_COMM_TYPE_SHARED splits them)";
+    }
+    return false;
+  }
+  return true;
+}
+
+// Runs `build` on the window's schedule; marks the window unclean if anything throws.
+template <class F>
+void runOnWindow(CommState& st, ShmWindow& w, OpContext& ctx, F&& build) {
+  Schedule s(st.intra(ctx), ctx.tag);
+  build(s);
+  w.clean = false;
+  s.run(ctx);
+  w.clean = true;
+}
+
+void allReduce(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  ShmWindow* w = shmWindow(st, in.bytes(), ctx);
+  if (!w) {
+    // The ranks turned out not to share memory (checked collectively, so all agree): run the
+    // ring this time; supports() reports shm unavailable from now on.
+    algorithmImpl(Algorithm::kRing)->allReduce(st, in, out, op, ctx);
+    return;
+  }
+  runOnWindow(st, *w, ctx, [&](Schedule& s) {
+    shmAllReduce(s, *w, in.data, out.data, in.count, in.dtype, op);
+  });
+}
+
+void allGather(CommState& st, const Buffer& in, const Buffer& out, OpContext& ctx) {
+  ShmWindow* w = shmWindow(st, in.bytes(), ctx);
+  if (!w) {
+    algorithmImpl(Algorithm::kRing)->allGather(st, in, out, ctx);
+    return;
+  }
+  const Buffer mine = out.slice(in.count * st.rank(), in.count);
+  if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
+  runOnWindow(st, *w, ctx, [&](Schedule& s) {
+    shmAllGather(s, *w, out.data, Blocks::uniform(in.count, st.size()), in.dtype);
+  });
+}
+
+void reduceScatter(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op,
+                   OpContext& ctx) {
+  ShmWindow* w = shmWindow(st, in.bytes(), ctx);
+  if (!w) {
+    algorithmImpl(Algorithm::kRing)->reduceScatter(st, in, out, op, ctx);
+    return;
+  }
+  runOnWindow(st, *w, ctx, [&](Schedule& s) {
+    shmReduceScatter(s, *w, in.data, out.data, Blocks::uniform(out.count, st.size()), in.dtype, op);
+  });
+}
+
+}  // namespace
+
+void markShmRunning(ShmWindow* w, bool running) {
+  if (w) w->clean = !running;
+}
+
+extern const AlgorithmImpl kShmAlgorithm = {Algorithm::kShm, "shm", supports, allReduce,
+                                            allGather, reduceScatter};
+
+}  // namespace fourd::detail

@@ -1,0 +1,374 @@
+"""The machine profile behind ``algorithm="auto"``: measured at init, cached, or loaded.
+
+``fourd.init()`` ends with :func:`apply`, which gives the grid's native cost model
+(``MachineProfile``, the alpha-beta-gamma model of cpp/src/cost_model.cpp) figures of the
+machine it runs on, identical on every rank (rank 0 decides and broadcasts):
+
+1. ``FOURD_PROFILE=<file.json>``: load that profile (a file written here, or by
+   ``python -m fourd.plan --calibrate``), no measurement.
+2. ``FOURD_CALIBRATE=0`` (or false/no/off): keep the built-in defaults.
+3. Otherwise the cached profile of this machine and layout,
+   ``$XDG_CACHE_HOME/fourd/profile-<host>-<nranks>-<nodes>n[-v<rpn>].json`` (``~/.cache`` when
+   unset), or, when there is none (or ``FOURD_CALIBRATE=force``), a short measurement
+   (well under a second) saved there for next time.
+
+The measurement (:func:`measure`, collective over the grid's communicator):
+
+- intra-node ping-pong between rank 0 and another rank of its node: ``intra_alpha`` (half the
+  round trip of 8 bytes) and ``intra_bw`` (4 MiB one way, latency removed);
+- the same across nodes (real or virtual) when there are several: ``inter_alpha``, ``nic_bw``
+  (one flow; ``nics_per_node`` = 1);
+- rank 0's local kernels on 32 MiB arrays: ``reduce_bw`` (an element-wise float32 add, bytes of
+  one input per second, as the model's gamma counts them) and ``memcpy_bw``;
+- then real collectives (4 MiB float32 all-reduces, every group of the axis at once), each
+  fitted to the model's own formula so that ``auto`` compares the algorithms as they really run
+  here, ranks outnumbering cores included: ``intra_bw`` from fourd's ring and ``shm_bw`` from
+  fourd's shared-memory all-reduce on the widest axis that sits on one node, then
+  ``flat_efficiency`` from the library's all-reduce on the whole grid. fourd's own algorithms
+  are then priced 15% slower than measured, so `auto` leaves the library only for a clear gain
+  (one measured size is extrapolated linearly; the library's time grows faster than linearly
+  once buffers leave the caches, so the margin errs on the library's side at small sizes).
+
+Ranks not taking part in a step wait in a sleeping barrier, so they do not steal the cores the
+measuring ranks need (ranks may outnumber cores). Every timing is the minimum over a few
+repetitions, which is the figure least disturbed by other load on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+#: MachineProfile fields a profile file may set (snake_case, as bound in fourd._C).
+FIELDS = (
+    "name", "ranks_per_node", "intra_alpha", "intra_bw", "inter_alpha", "nic_bw",
+    "nics_per_node", "reduce_bw", "memcpy_bw", "flat_efficiency", "compute_flops",
+    "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw",
+)
+VERSION = 1
+_PINGPONG_BYTES = 4 << 20
+_LOCAL_BYTES = 32 << 20
+_COLLECTIVE_BYTES = 4 << 20
+_CHUNKS = 4  # hierarchical pipelining depth written into a measured profile
+# fourd's own algorithms are priced this much slower than measured, so that `auto` leaves the
+# MPI library only for a clear gain: the linear model extrapolates one measured size to all
+# sizes, and the library's time grows faster than linearly once buffers leave the caches.
+_MARGIN = 1.15
+
+_memo: dict = {}  # path -> profile dict (rank 0 only), so repeated init() reads a file once
+
+
+# ---- profile dicts <-> the native MachineProfile ---------------------------------------------
+
+
+def profile_dict(native_profile) -> dict:
+    """The fields of a native ``MachineProfile`` as a plain dict."""
+    return {f: getattr(native_profile, f) for f in FIELDS if hasattr(native_profile, f)}
+
+
+def to_native(d: dict, base):
+    """A native ``MachineProfile``: `base` (a MachineProfile) with the fields of `d` applied.
+    Unknown keys (such as a planner file's ``notes``) are ignored."""
+    from . import _C
+
+    merged = profile_dict(base)
+    for k, v in d.items():
+        if k in merged:
+            merged[k] = type(merged[k])(v)
+    return _C.MachineProfile(**merged)
+
+
+def load(path: str) -> dict:
+    """Reads a profile file: ``{"profile": {...}}`` as written by :func:`save`, or a flat dict of
+    fields (the planner's format). Raises InvalidArgumentError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InvalidArgumentError(
+            f"FOURD_PROFILE: cannot read profile file {path!r}: {e}") from None
+    if isinstance(d, dict) and isinstance(d.get("profile"), dict):
+        d = d["profile"]
+    if not isinstance(d, dict) or not any(k in d for k in FIELDS):
+        raise InvalidArgumentError(
+            f"FOURD_PROFILE: {path!r} holds no profile fields; expected some of "
+            f"{', '.join(FIELDS)}")
+    return {k: v for k, v in d.items() if k in FIELDS}
+
+
+def save(d: dict, path: str, meta: dict | None = None) -> None:
+    """Writes a profile file atomically (a temporary file, then rename)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"fourd_calibration": meta or {"version": VERSION}, "profile": d}, f, indent=2,
+                  sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def cache_path(grid) -> str:
+    """Where this machine's profile for this layout is cached."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    n = grid.world_size
+    layout = f"{grid.num_nodes}n"
+    if grid.virtual_topology:
+        per = max(sum(1 for r in range(n) if grid._native.node_of(r) == k)
+                  for k in range(grid.num_nodes))
+        layout += f"-v{per}"
+    host = socket.gethostname().replace(os.sep, "_") or "host"
+    return os.path.join(base, "fourd", f"profile-{host}-{n}-{layout}.json")
+
+
+# ---- measuring ---------------------------------------------------------------------------------
+
+
+def _quiet_barrier(comm) -> None:
+    """A barrier that sleeps while it waits, leaving the cores to the ranks still measuring."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.0005)
+
+
+def _pingpong(comm, a: int, b: int, nbytes: int, reps: int, batches: int) -> float | None:
+    """One-way time of `nbytes` between ranks a and b (min over batches); None elsewhere."""
+    me = comm.Get_rank()
+    if me not in (a, b):
+        return None
+    peer = b if me == a else a
+    buf = np.zeros(max(1, nbytes), np.uint8)
+    best = float("inf")
+    for _ in range(batches + 1):  # the first batch warms up
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            if me == a:
+                comm.Send(buf, dest=peer, tag=77)
+                comm.Recv(buf, source=peer, tag=77)
+            else:
+                comm.Recv(buf, source=peer, tag=77)
+                comm.Send(buf, dest=peer, tag=77)
+        best = min(best, (time.perf_counter() - t0) / reps / 2)
+    return best
+
+
+def _link(comm, a: int, b: int):
+    """(alpha, bandwidth) between ranks a and b, known on rank 0 (None elsewhere)."""
+    alpha = _pingpong(comm, a, b, 8, 50, 4)
+    big = _pingpong(comm, a, b, _PINGPONG_BYTES, 2, 3)
+    _quiet_barrier(comm)
+    if comm.Get_rank() != 0:
+        return None
+    return alpha, _PINGPONG_BYTES / max(big - alpha, 1e-9)
+
+
+def _local_kernels() -> tuple:
+    n = _LOCAL_BYTES // 4
+    a = np.ones(n, np.float32)
+    b = np.ones(n, np.float32)
+
+    def best_of(f, reps=3):
+        f()
+        out = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            f()
+            out = min(out, time.perf_counter() - t0)
+        return out
+
+    t_add = best_of(lambda: np.add(a, b, out=a))
+    t_copy = best_of(lambda: np.copyto(a, b))
+    return _LOCAL_BYTES / t_add, _LOCAL_BYTES / t_copy
+
+
+def _time_collective(grid, axis, algorithm: str, reps: int = 5) -> float:
+    """Slowest rank's time of one float32 all_reduce of _COLLECTIVE_BYTES (min over reps)."""
+    from mpi4py import MPI
+
+    comm = grid.mpi_comm
+    buf = np.ones(_COLLECTIVE_BYTES // 4, np.float32)
+    grid.all_reduce(buf, axis, algorithm=algorithm)  # warm-up (windows, sub-communicators)
+    best = float("inf")
+    for _ in range(reps):
+        _quiet_barrier(comm)
+        t0 = time.perf_counter()
+        grid.all_reduce(buf, axis, algorithm=algorithm)
+        best = min(best, time.perf_counter() - t0)
+    return comm.allreduce(best, op=MPI.MAX)
+
+
+def _shape(grid, axis):
+    from . import _C
+
+    t = grid.topology(axis)
+    k = t["k"] if t["uniform"] else 0
+    return _C.GroupShape(t["size"], t["num_nodes"], k if k else 1, bool(t["uniform"]))
+
+
+def _one_node_axis(grid):
+    """The widest axis (mask) whose groups all sit on one node, with >= 2 ranks each, or None.
+    Decided from every rank's placement, so that all ranks pick the same axis (groups of one
+    axis may sit differently on uneven nodes)."""
+    native = grid._native
+    n = grid.world_size
+    nodes = [native.node_of(r) for r in range(n)]
+    best, best_size = None, 1
+    for mask in range(1, 16):
+        size = len(native.group_ranks(0, mask))
+        if size <= best_size:
+            continue
+        if all(len({nodes[m] for m in native.group_ranks(r, mask)}) == 1 for r in range(n)):
+            best = tuple(a for b, a in zip((1, 2, 4, 8), ("x", "y", "z", "data")) if mask & b)
+            best_size = size
+    return best
+
+
+def measure(grid) -> dict:
+    """Measures a profile (collective over the grid's ranks); the same dict on every rank."""
+    from . import _C
+
+    comm = grid.mpi_comm.Dup()
+    try:
+        n = comm.Get_size()
+        me = comm.Get_rank()
+        nodes = [grid._native.node_of(r) for r in range(n)]
+        per_node = max(nodes.count(k) for k in set(nodes))
+        d = profile_dict(grid._native.profile)
+        d.update(name=f"calibrated:{socket.gethostname()}", ranks_per_node=per_node,
+                 nics_per_node=1, hierarchical_chunks=_CHUNKS, shm_bw=0.0, flat_efficiency=1.0)
+        t0 = time.perf_counter()
+        intra_peer = next((r for r in range(1, n) if nodes[r] == nodes[0]), None)
+        inter_peer = next((r for r in range(1, n) if nodes[r] != nodes[0]), None)
+        intra = _link(comm, 0, intra_peer) if intra_peer is not None else None
+        inter = _link(comm, 0, inter_peer) if inter_peer is not None else None
+        local = _local_kernels() if me == 0 else None
+        _quiet_barrier(comm)
+        if me == 0:
+            if intra:
+                d["intra_alpha"], d["intra_bw"] = intra
+            if inter:
+                d["inter_alpha"], d["nic_bw"] = inter
+            elif intra:  # one node: keep the model's inter level consistent with what was seen
+                d["inter_alpha"] = max(d["inter_alpha"], intra[0])
+                d["nic_bw"] = min(d["nic_bw"], intra[1])
+            d["reduce_bw"], d["memcpy_bw"] = local
+        d = comm.bcast(d, root=0)
+        grid._native.set_profile(to_native(d, grid._native.profile))
+
+        # Then real collectives, fitted to the model's own formulas, so that `auto` compares
+        # the algorithms as they run here (ranks may outnumber cores: a ping-pong between two
+        # ranks alone would flatter the ring).
+        nbytes = _COLLECTIVE_BYTES
+        axis = _one_node_axis(grid)
+        if axis is not None:
+            k = grid.size(axis)
+            gamma = 1.0 / d["reduce_bw"]
+            # ring all-reduce: 2(k-1) alpha + 2(k-1)/k n / intra_bw + (k-1)/k n gamma
+            t = _time_collective(grid, axis, "ring")
+            wire = t - 2 * (k - 1) * d["intra_alpha"] - (k - 1) / k * nbytes * gamma
+            d["intra_bw"] = float(2 * (k - 1) / k * nbytes / max(wire, 0.25 * t) / _MARGIN)
+            grid._native.set_profile(to_native(d, grid._native.profile))
+            # shm all-reduce: (2 - 1/k) n / shm_bw + (k-1)/k n gamma (+ two barriers)
+            t = _time_collective(grid, axis, "shm")
+            copy_s = t - (k - 1) / k * nbytes * gamma
+            d["shm_bw"] = float((2 - 1 / k) * nbytes / max(copy_s, 0.25 * t) / _MARGIN)
+            grid._native.set_profile(to_native(d, grid._native.profile))
+        if n > 1:
+            measured = _time_collective(grid, "world", "flat")
+            ideal = _C.predict("all_reduce", "flat", nbytes, "float32", _shape(grid, "world"),
+                               to_native({"flat_efficiency": 1.0}, grid._native.profile))
+            d["flat_efficiency"] = float(min(4.0, max(0.05, ideal / measured)))
+        d = comm.bcast(d, root=0)
+        d["calibration_seconds"] = time.perf_counter() - t0
+        return d
+    finally:
+        comm.Free()
+
+
+# ---- init hook -----------------------------------------------------------------------------------
+
+
+def _off(v: str) -> bool:
+    return v.strip().lower() in ("0", "false", "no", "off")
+
+
+def _decide(grid):
+    """Rank 0: ("profile", dict, source) | ("defaults", None, why) | ("measure", None, path)
+    | ("error", message, None)."""
+    path = os.environ.get("FOURD_PROFILE", "").strip()
+    if path:
+        try:
+            return ("profile", load(path), path)
+        except InvalidArgumentError as e:
+            return ("error", str(e), None)
+    flag = os.environ.get("FOURD_CALIBRATE", "").strip()
+    if _off(flag):
+        return ("defaults", None, "FOURD_CALIBRATE=0")
+    if grid.world_size < 2:
+        return ("defaults", None, "one rank")
+    cache = cache_path(grid)
+    if flag.lower() != "force":
+        if cache in _memo:
+            return ("profile", _memo[cache], cache)
+        if os.path.exists(cache):
+            try:
+                d = load(cache)
+                _memo[cache] = d
+                return ("profile", d, cache)
+            except InvalidArgumentError:
+                pass  # unreadable cache: measure again and overwrite it
+    return ("measure", None, cache)
+
+
+def apply(grid) -> dict:
+    """Gives `grid` its machine profile (see the module docstring). Collective: every rank of
+    the grid calls it (fourd.init does). Returns {"source": ..., "profile": dict}."""
+    comm = grid.mpi_comm
+    kind, payload, source = comm.bcast(_decide(grid) if comm.Get_rank() == 0 else None, root=0)
+    if kind == "error":
+        raise InvalidArgumentError(payload)
+    if kind == "defaults":
+        return {"source": f"defaults ({source})", "profile": profile_dict(grid._native.profile)}
+    if kind == "measure":
+        payload = measure(grid)
+        if comm.Get_rank() == 0:
+            _memo[source] = {k: v for k, v in payload.items() if k in FIELDS}
+            try:
+                save(_memo[source], source, {
+                    "version": VERSION, "host": socket.gethostname(),
+                    "world_size": grid.world_size, "nodes": grid.num_nodes,
+                    "virtual_topology": grid.virtual_topology,
+                    "seconds": payload.get("calibration_seconds"),
+                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                })
+            except OSError:
+                pass  # a read-only home: the profile still applies to this run
+    d = {k: v for k, v in payload.items() if k in FIELDS}
+    # The node layout is this grid's, whatever the file says.
+    nodes = [grid._native.node_of(r) for r in range(grid.world_size)]
+    d["ranks_per_node"] = max(nodes.count(k) for k in set(nodes))
+    grid._native.set_profile(to_native(d, grid._native.profile))
+    return {"source": source if kind == "profile" else f"measured, saved to {source}",
+            "profile": profile_dict(grid._native.profile)}
+
+
+def calibrate(grid=None, path: str | None = None) -> dict:
+    """Measures this machine's profile now, applies it to `grid` (default: the current grid)
+    and saves it to `path` (default: the cache). Collective. Returns the profile dict."""
+    from .grid import get_grid
+
+    g = grid or get_grid()
+    d = measure(g)
+    prof = {k: v for k, v in d.items() if k in FIELDS}
+    g._native.set_profile(to_native(prof, g._native.profile))
+    if g.mpi_comm.Get_rank() == 0:
+        target = path or cache_path(g)
+        save(prof, target, {"version": VERSION, "host": socket.gethostname(),
+                            "world_size": g.world_size, "nodes": g.num_nodes})
+        _memo[target] = prof
+    return prof

@@ -1,0 +1,362 @@
+"""Multi-rank tests of every algorithm (flat, ring, rhd, hierarchical, shm, auto).
+
+Closed-form oracles on integer-valued data (sums and products are exact), over grid shapes x
+orders x virtual topologies (ranks_per_node 1, 2, 4, 8 and an uneven 3) x axes (single and
+combined) x collectives x dtypes x ops x counts (0, 1, odd, not divisible by k or N, 2**20+3).
+The full cross product would take hours with 8 ranks on 2 cores, so the factors rotate: every
+algorithm meets every dtype, op, count and axis kind several times. Where an algorithm cannot
+run a group, the call must raise InvalidArgumentError carrying the reason that explain() gives.
+Also: `auto` always picks a supported algorithm, asynchronous operations of every algorithm in
+flight on several axes, completion while the caller only polls, and issue order per group.
+"""
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+import fourd
+
+torch.set_num_threads(1)
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+ME = WORLD.Get_rank()
+
+ALGOS = ["flat", "ring", "rhd", "hierarchical", "shm"]
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter"]
+ORDERS = ["x-y-z-data", "data-z-y-x", "z-x-data-y"]
+AXES = ["x", "y", "z", "data", "world", ("x", "y"), ("z", "data"), ("x", "y", "z"), ("y", "data"),
+        ("x", "data")]
+DTYPES = [np.float32, np.float64, np.float16, torch.bfloat16, np.int8, np.uint8, np.int32, np.int64]
+OPS = ["sum", "prod", "min", "max", "avg"]
+COUNTS = [0, 1, 7, 13, 1001]
+BIG = 2**20 + 3
+
+
+def factorizations(n):
+    return [(x, y, z, n // (x * y * z)) for x in range(1, n + 1) for y in range(1, n + 1)
+            for z in range(1, n + 1) if n % (x * y * z) == 0]
+
+
+def rpn_values(n):
+    out = [None] + [r for r in (1, 2, 4, 8) if r <= n]
+    if n >= 4:
+        out.append(3)  # uneven: 3+1 on 4 ranks, 3+3+2 on 8
+    return out
+
+
+def values(rank, count, offset=0):
+    """Per-rank integer values 1..4, exact in every dtype: element i is
+    (rank + 1 + i % 3) % 4 + 1, a pattern of period 3 (tiled, so large counts stay cheap)."""
+    pattern = np.array([(rank + 1 + (offset + i) % 3) % 4 + 1 for i in range(3)], np.float64)
+    return np.resize(pattern, count)
+
+
+def oracle(op, ranks, count, offset=0):
+    vals = np.stack([values(r, 3, offset) for r in ranks])
+    if op == "sum":
+        out = vals.sum(0)
+    elif op == "prod":
+        out = vals.prod(0)
+    elif op == "min":
+        out = vals.min(0)
+    elif op == "max":
+        out = vals.max(0)
+    else:
+        out = vals.sum(0) / len(ranks)
+    return np.resize(out, count)
+
+
+def is_float(dt):
+    return dt in (np.float32, np.float64, np.float16, torch.bfloat16)
+
+
+def legal(op, dt, group):
+    if op == "avg" and not is_float(dt):
+        return False
+    if op == "prod" and group > 3 and dt in (np.int8, np.uint8, np.float16, torch.bfloat16):
+        return False  # 4**8 overflows these types; not a fourd limitation
+    return True
+
+
+def make(dt, arr):
+    if dt is torch.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).to(dt)
+    return np.ascontiguousarray(arr).astype(dt)
+
+
+def zeros(dt, n):
+    return make(dt, np.zeros(n))
+
+
+def as_np(t):
+    if isinstance(t, torch.Tensor):
+        return t.to(torch.float64).numpy()
+    return t.astype(np.float64)
+
+
+def check(got, want, op, dt, what):
+    if op == "avg" and dt in (np.float16, torch.bfloat16):
+        np.testing.assert_allclose(as_np(got), want, rtol=1e-2, err_msg=what)
+    elif op == "avg":
+        np.testing.assert_allclose(as_np(got), want, rtol=1e-6, err_msg=what)
+    else:
+        np.testing.assert_array_equal(as_np(got), want, err_msg=what)
+
+
+def support(g, collective, axis):
+    """{algorithm: (supported, reason)} from explain() (identical on every rank)."""
+    rows = g.explain(collective, 4096, axis)["candidates"]
+    return {r["algorithm"]: (r["supported"], r["reason"]) for r in rows}
+
+
+def run_one(g, algo, coll, axis, dt, op, count, inplace, what):
+    """Runs one collective with `algo` and compares it with the closed form."""
+    ranks = g.ranks(axis)
+    p = len(ranks)
+    gr = g.rank(axis)
+    if coll == "all_reduce":
+        t = make(dt, values(ME, count))
+        out = t if inplace else zeros(dt, count)
+        if inplace:
+            fourd.all_reduce(t, axis, op, algorithm=algo)
+        else:
+            # The public API is in place; the native call takes separate buffers.
+            _native_all_reduce(g, t, out, axis, op, algo)
+        check(out, oracle(op, ranks, count), op, dt, what)
+    elif coll == "all_gather":
+        out = zeros(dt, count * p)
+        if inplace and count:
+            blk = out[gr * count:(gr + 1) * count]
+            blk[:] = make(dt, values(ME, count))
+            fourd.all_gather(out, blk, axis, algorithm=algo)
+        else:
+            fourd.all_gather(out, make(dt, values(ME, count)), axis, algorithm=algo)
+        want = np.concatenate([values(r, count) for r in ranks]) if count else np.zeros(0)
+        check(out, want, "sum", dt, what)
+    else:
+        inp = make(dt, values(ME, count * p))
+        out = zeros(dt, count)
+        fourd.reduce_scatter(out, inp, axis, op, algorithm=algo)
+        check(out, oracle(op, ranks, count * p)[gr * count:(gr + 1) * count], op, dt, what)
+
+
+def _native_all_reduce(g, src, dst, axis, op, algo):
+    from fourd._tensor import resolve
+    from fourd.grid import _algo_code, _op_code
+
+    comm = g.communicator(axis)
+    ip, n, dt, dev, idx = resolve(src, "input", False)
+    op_, _, _, _, _ = resolve(dst, "output", True)
+    comm.all_reduce(ip, op_, n, dt, dev, idx, _op_code(op), _algo_code(algo), 0.0, False, False,
+                    None)
+
+
+def cases():
+    """Grid shapes x virtual topologies. Up to 4 ranks every pair; at 8 ranks (20 shapes, where
+    a grid costs about a second to build on 2 cores) the topology rotates over the shapes."""
+    out = []
+    rpns = rpn_values(N)
+    k = itertools.count()
+    for j, sizes in enumerate(factorizations(N)):
+        chosen = rpns if N <= 4 else [rpns[j % len(rpns)]]
+        for rpn in chosen:
+            i = next(k)
+            out.append((sizes, ORDERS[i % len(ORDERS)], rpn, i))
+    return out
+
+
+@pytest.mark.parametrize("case", cases(),
+                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}-rpn{c[2]}")
+def test_sweep(case):
+    sizes, order, rpn, k = case
+    x, y, z, d = sizes
+    g = fourd.init(x=x, y=y, z=z, data=d, order=order, ranks_per_node=rpn)
+    # A few axes per grid (rotating), always including a combined one.
+    axes = [AXES[(k + j) % len(AXES)] for j in range(3)]
+    if not any(isinstance(a, tuple) or a == "world" for a in axes):
+        axes.append(AXES[5 + k % 5])
+    s = k * 7
+    for axis in axes:
+        p = g.size(axis)
+        for coll in COLLECTIVES:
+            sup = support(g, coll, axis)
+            for algo in ALGOS:
+                s += 1
+                dt = DTYPES[s % len(DTYPES)]
+                op = OPS[(s // 3) % len(OPS)] if coll != "all_gather" else "sum"
+                if not legal(op, dt, p):
+                    op = "max"
+                count = COUNTS[(s // 2) % len(COUNTS)]
+                inplace = (s // 5) % 2 == 0
+                what = (f"{algo} {coll} axis={axis} p={p} dtype={dt} op={op} count={count} "
+                        f"inplace={inplace}")
+                ok, reason = sup[algo]
+                if not ok and p > 1:
+                    # An explicit request for an algorithm that cannot run here names the reason.
+                    with pytest.raises(fourd.InvalidArgumentError, match="cannot run") as ei:
+                        run_one(g, algo, coll, axis, dt, op, max(count, 1), inplace, what)
+                    assert reason and reason in str(ei.value), (reason, str(ei.value))
+                    continue
+                run_one(g, algo, coll, axis, dt, op, count, inplace, what)
+    fourd.barrier()
+    fourd.finalize()
+
+
+def test_large_counts_every_algorithm():
+    """2**20+3 elements: several ring segments and shared-memory chunks, counts not divisible by
+    the group, the rail or the node size. Each algorithm once, on the widest axis that runs it:
+    first on two virtual nodes (hierarchical), then on the real node (shm)."""
+    todo = list(ALGOS)
+    for rpn in (max(1, N // 2), None):
+        g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=rpn)
+        for algo in list(todo):
+            axis = next((a for a in ("world", "x") if support(g, "all_reduce", a)[algo][0]), None)
+            if axis is None:
+                continue
+            todo.remove(algo)
+            i = ALGOS.index(algo)
+            p = g.size(axis)
+            for j, coll in enumerate(COLLECTIVES):
+                dt = [np.float32, torch.bfloat16, np.int32][(i + j) % 3]
+                count = BIG if coll == "all_reduce" else BIG // p + 1
+                run_one(g, algo, coll, axis, dt, "sum", count, (i + j) % 2 == 0,
+                        f"{algo} {coll} {axis}")
+        fourd.finalize()
+    assert not todo, todo
+
+
+def test_accumulate_fp32_every_algorithm():
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=max(1, N // 2))
+    for algo in ALGOS:
+        for axis in ("x", "world"):
+            ok, _ = support(g, "all_reduce", axis)[algo]
+            if not ok and g.size(axis) > 1:
+                continue
+            t = make(torch.bfloat16, values(ME, 1001))
+            fourd.all_reduce(t, axis, "avg", algorithm=algo, accumulate_fp32=True)
+            check(t, oracle("avg", g.ranks(axis), 1001), "avg", torch.bfloat16, algo)
+    fourd.finalize()
+
+
+def test_auto_always_picks_a_supported_algorithm():
+    sizes = [0, 1, 64, 4096, 65536, 2**20, 2**24, 2**28]
+    for rpn in (rpn_values(N) if N <= 4 else [None, 2, 3]):
+        g = fourd.init(x=2 if N % 2 == 0 else 1, y=2 if N % 4 == 0 else 1, ranks_per_node=rpn)
+        for mask in range(1, 16):
+            axis = tuple(a for b, a in zip((1, 2, 4, 8), ("x", "y", "z", "data")) if mask & b)
+            for coll in COLLECTIVES:
+                for nbytes in sizes:
+                    e = g.explain(coll, nbytes, axis)
+                    rows = {r["algorithm"]: r for r in e["candidates"]}
+                    assert e["choice"] in rows or g.size(axis) == 1, e
+                    if g.size(axis) > 1:
+                        assert rows[e["choice"]]["supported"], e
+                    # The choice is the cheapest supported prediction.
+                    best = min((r["predicted_s"] for r in rows.values() if r["supported"]))
+                    if g.size(axis) > 1:
+                        assert rows[e["choice"]]["predicted_s"] <= best * (1 + 1e-12), e
+            # And `auto` runs there.
+            t = make(np.int32, values(ME, 1001))
+            fourd.all_reduce(t, axis, algorithm="auto")
+            check(t, oracle("sum", g.ranks(axis), 1001), "sum", np.int32, f"auto {axis}")
+        fourd.finalize()
+
+
+def test_unsupported_algorithms_raise_with_the_reason():
+    g = fourd.init(x=N)
+    # One node (no virtual split): hierarchical has no inter-node level.
+    if N > 1:
+        t = np.ones(8, np.float32)
+        with pytest.raises(fourd.InvalidArgumentError, match="hierarchical.*cannot run.*one node"):
+            fourd.all_reduce(t, "x", algorithm="hierarchical")
+    fourd.finalize()
+    if N >= 2:
+        g = fourd.init(x=N, ranks_per_node=1)  # every rank its own node: shm cannot span them
+        with pytest.raises(fourd.InvalidArgumentError, match="shm.*cannot run.*nodes"):
+            fourd.all_gather(np.zeros(2 * N, np.int64), np.ones(2, np.int64), "x", algorithm="shm")
+        fourd.finalize()
+    if N >= 4:
+        g = fourd.init(x=N, ranks_per_node=3)  # uneven nodes
+        with pytest.raises(fourd.InvalidArgumentError, match="hierarchical.*different numbers"):
+            fourd.reduce_scatter(np.zeros(1, np.int32), np.ones(N, np.int32), "x",
+                                 algorithm="hierarchical")
+        fourd.finalize()
+    del g
+
+
+def _axes_for(g, algo):
+    out = []
+    for axis in ("x", "data", "world", ("x", "data")):
+        ok, _ = support(g, "all_reduce", axis)[algo]
+        if ok or g.size(axis) == 1:
+            out.append(axis)
+    return out
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_async_in_flight_on_several_axes(algo):
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    axes = _axes_for(g, algo)
+    assert axes, f"{algo} runs on none of the axes of this grid"
+    works, bufs = [], []
+    for i in range(12):
+        axis = axes[i % len(axes)]
+        t = torch.full((20_001,), float(ME + 1 + i), dtype=torch.float64)
+        works.append(fourd.all_reduce(t, axis, algorithm=algo, async_op=True))
+        bufs.append((axis, t, i))
+        o = torch.zeros(3 * g.size(axis), dtype=torch.int32)
+        works.append(fourd.all_gather(o, torch.full((3,), ME, dtype=torch.int32), axis,
+                                      algorithm=algo, async_op=True))
+        bufs.append((axis, o, -1))
+    for w in works:
+        w.wait(timeout=120)
+        assert w.is_completed()
+    for axis, t, i in bufs:
+        if i >= 0:
+            assert torch.all(t == sum(r + 1 + i for r in g.ranks(axis))), (algo, axis, i)
+        else:
+            want = torch.tensor([r for r in g.ranks(axis) for _ in range(3)], dtype=torch.int32)
+            assert torch.equal(t, want), (algo, axis)
+    fourd.finalize()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_async_completes_while_caller_only_polls(algo):
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    for axis in _axes_for(g, algo)[:2]:
+        t = torch.full((300_001,), float(ME + 1), dtype=torch.float32)
+        w = fourd.all_reduce(t, axis, algorithm=algo, async_op=True)
+        deadline = time.monotonic() + 120
+        while not w.is_completed():
+            assert time.monotonic() < deadline, f"{algo} on {axis} never completed"
+            time.sleep(0.005)
+        w.wait()
+        assert torch.all(t == sum(r + 1 for r in g.ranks(axis))), (algo, axis)
+    fourd.finalize()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_async_issue_order_per_group(algo):
+    """sum, prod, sum on one buffer: any reordering gives a different result."""
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    for axis in _axes_for(g, algo):
+        p = g.size(axis)
+        ranks = g.ranks(axis)
+        t = torch.full((4097,), ME + 1, dtype=torch.int64)
+        works = [fourd.all_reduce(t, axis, op, algorithm=algo, async_op=True)
+                 for op in ("sum", "prod", "sum", "max")]
+        # Another axis in flight meanwhile.
+        other = torch.full((999,), ME + 1, dtype=torch.int64)
+        wo = fourd.all_reduce(other, "world", algorithm="auto", async_op=True)
+        for w in works:
+            w.wait(timeout=120)
+        wo.wait(timeout=120)
+        s = sum(r + 1 for r in ranks)
+        want = p * s**p
+        assert torch.all(t == want), (algo, axis, int(t[0]), want)
+        assert torch.all(other == sum(r + 1 for r in range(N)))
+    fourd.finalize()
