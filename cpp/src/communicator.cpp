@@ -87,7 +87,8 @@ bool overlaps(const Buffer& a, const Buffer& b) {
 }  // namespace
 
 Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype) const {
-  if (size() == 1) return Algorithm::kFlat;
+  // Broadcast always runs the library's own; a one-rank group has nothing to choose.
+  if (size() == 1 || c == Collective::kBroadcast) return Algorithm::kFlat;
   Algorithm a = fourd::choose(c, nbytes, dtype, shapeOf(state_->topo), **state_->profile);
   // Only built-in algorithms can be chosen.
   if (detail::algorithmImpl(a) == nullptr) a = Algorithm::kFlat;
@@ -97,6 +98,10 @@ Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype) cons
 std::vector<Prediction> Communicator::explain(Collective c, size_t nbytes, DataType dtype) const {
   auto preds = candidates(c, nbytes, dtype, shapeOf(state_->topo), **state_->profile);
   for (auto& p : preds) {
+    if (c == Collective::kBroadcast && p.algorithm != Algorithm::kFlat && p.supported) {
+      p.supported = false;
+      p.reason = "broadcast always runs the MPI library's own (flat)";
+    }
     if (p.supported && detail::algorithmImpl(p.algorithm) == nullptr) {
       p.supported = false;
       p.reason = "not built into this version of fourd";

@@ -42,10 +42,12 @@
 //     Each level takes the cheaper of ring and recursive; intra levels price Bi and alpha_i,
 //     rails bRank and alpha_e. With hierarchicalChunks = C > 1 the levels are pipelined over C
 //     chunks: T = sum_l t_l(n/C) + (C-1) * max_l t_l(n/C).
-//  6. Shared memory (one node): AR = copy in n + reduce n + copy out n at shmBw (memcpyBw
-//     when 0; on GPU nodes the window is host memory behind the host-device link), two
-//     barriers; AG = copy in n/p + copy out n; RS = copy in n + reduce n (writing the n/p
-//     result); broadcast = copy in n + copy out n. A barrier costs ceil(log2 p) alpha_i.
+//  6. Shared memory (one node, k = p ranks), as shm.cpp runs it, copies at shmBw (memcpyBw
+//     when 0; on GPU nodes the window is host memory behind the host-device link): AR = copy
+//     in (k-1)/k n + reduce (k-1)/k n + copy out (k-1)/k n + my reduced n/k stored into my
+//     segment, two barriers; AG = copy in n/k + copy out (k-1)/k n, one barrier; RS = copy in
+//     (k-1)/k n + reduce (k-1)/k n (into the output), one barrier; broadcast = copy in n +
+//     copy out n, two barriers. A barrier costs ceil(log2 p) alpha_i.
 //  7. Gamma: reduceBw is bytes of float32 input reduced per second; float16 and bfloat16 are
 //     reduced at the float32 element rate (converted), so their bytes/s halve. Other types use
 //     reduceBw as is. All-gather and broadcast have no gamma.
@@ -405,15 +407,20 @@ Cost hierarchicalCost(Collective c, double n, const Links& L, const MachineProfi
 // -- shared memory --
 
 Cost shmCost(Collective c, double n, const Links& L) {
+  // As shm.cpp runs them (k = p): a rank never copies its own slice in, reduces it straight
+  // into its output (storing it into its segment from the cache), and copies only the others'.
   const double barrier = ceilLog2(L.p) * L.alphaIntra;
   const double copy = n / L.shmBw;
+  const double others = (L.p - 1.0) / L.p;  // (k-1)/k
   switch (c) {
     case Collective::kAllReduce:
-      return {2.0 * copy + n * L.gamma + 2.0 * barrier, "copy in, reduce, copy out"};
+      return {(2.0 * others + 1.0 / L.p) * copy + others * n * L.gamma + 2.0 * barrier,
+              "copy in, reduce my slice from every segment, copy out"};
     case Collective::kAllGather:
-      return {(n / L.p) / L.shmBw + copy + 2.0 * barrier, "copy in, copy out"};
+      return {copy + barrier, "copy in my block, copy out the others"};
     case Collective::kReduceScatter:
-      return {copy + n * L.gamma + 2.0 * barrier, "copy in, reduce"};
+      return {others * copy + others * n * L.gamma + barrier,
+              "copy in, reduce my block from every segment"};
     case Collective::kBroadcast:
       return {2.0 * copy + 2.0 * barrier, "copy in, copy out"};
   }

@@ -51,7 +51,7 @@ FIELDS = (
     "nics_per_node", "reduce_bw", "memcpy_bw", "flat_efficiency", "compute_flops",
     "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw",
 )
-VERSION = 1
+VERSION = 2  # bumped whenever the model or the fits change: older cache files are re-measured
 _PINGPONG_BYTES = 4 << 20
 _LOCAL_BYTES = 32 << 20
 _COLLECTIVE_BYTES = 4 << 20
@@ -84,15 +84,20 @@ def to_native(d: dict, base):
     return _C.MachineProfile(**merged)
 
 
-def load(path: str) -> dict:
+def load(path: str, version: int | None = None) -> dict:
     """Reads a profile file: ``{"profile": {...}}`` as written by :func:`save`, or a flat dict of
-    fields (the planner's format). Raises InvalidArgumentError naming the file."""
+    fields (the planner's format). With `version`, a file written by another calibration
+    version is rejected too. Raises InvalidArgumentError naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
     except (OSError, ValueError) as e:
         raise InvalidArgumentError(
             f"FOURD_PROFILE: cannot read profile file {path!r}: {e}") from None
+    if version is not None:
+        meta = d.get("fourd_calibration") if isinstance(d, dict) else None
+        if not isinstance(meta, dict) or meta.get("version") != version:
+            raise InvalidArgumentError(f"{path!r}: written by another calibration version")
     if isinstance(d, dict) and isinstance(d.get("profile"), dict):
         d = d["profile"]
     if not isinstance(d, dict) or not any(k in d for k in FIELDS):
@@ -317,11 +322,11 @@ def _decide(grid):
             return ("profile", _memo[cache], cache)
         if os.path.exists(cache):
             try:
-                d = load(cache)
+                d = load(cache, version=VERSION)
                 _memo[cache] = d
                 return ("profile", d, cache)
             except InvalidArgumentError:
-                pass  # unreadable cache: measure again and overwrite it
+                pass  # unreadable or outdated cache: measure again and overwrite it
     return ("measure", None, cache)
 
 

@@ -270,7 +270,9 @@ class Grid:
         """The candidates `auto` considers for this call, with predicted times, and its choice."""
         comm = self._comm(axis_mask(axis))
         rows = comm.explain(collective, int(nbytes), dtype)
-        forced = os.environ.get("FOURD_ALGORITHM") or None
+        code = self._axis_algorithms.get(axis_mask(axis))
+        planned = next(k for k, v in ALGORITHMS.items() if v == code) if code else None
+        forced = planned or os.environ.get("FOURD_ALGORITHM") or None
         return {
             "collective": collective,
             "nbytes": int(nbytes),
@@ -279,7 +281,8 @@ class Grid:
             "topology": comm.topology["description"],
             "candidates": rows,
             "choice": forced or comm.choose(collective, int(nbytes), dtype),
-            "forced_by_env": forced is not None,
+            "forced_by_env": forced is not None and planned is None,
+            "set_by_plan": planned is not None,
         }
 
     def algorithm_for(self, collective: str, nbytes: int, axis="world", dtype: str = "float32") -> str:

@@ -131,19 +131,21 @@ TEST(CostModelHand, RhdOnOneNode) {
 
 TEST(CostModelHand, ShmOnOneNode) {
   const MachineProfile m = unitProfile();
-  // AR: copy in 8 + reduce 8*0.5 + copy out 8 + 2 barriers of log2(4) * alpha = 24.
-  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kShm, 8, oneNode(4), m), 24.0);
-  // AG: copy in 2 + copy out 8 + 4.
-  EXPECT_DOUBLE_EQ(t(Collective::kAllGather, Algorithm::kShm, 8, oneNode(4), m), 14.0);
-  // RS: copy in 8 + reduce 4 + 4.
-  EXPECT_DOUBLE_EQ(t(Collective::kReduceScatter, Algorithm::kShm, 8, oneNode(4), m), 16.0);
+  // As shm.cpp runs them, k = p = 4, n = 8, barrier = log2(4) * alpha = 2. A rank never copies
+  // its own slice in and reduces it straight into its output.
+  // AR: copy (2 * 3/4 + 1/4) * 8 = 14, reduce 3/4 * 8 * 0.5 = 3, 2 barriers = 4: 21.
+  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kShm, 8, oneNode(4), m), 21.0);
+  // AG: copy in my block and out the others = 8, one barrier = 2: 10.
+  EXPECT_DOUBLE_EQ(t(Collective::kAllGather, Algorithm::kShm, 8, oneNode(4), m), 10.0);
+  // RS: copy 3/4 * 8 = 6, reduce 3/4 * 8 * 0.5 = 3, one barrier = 2: 11.
+  EXPECT_DOUBLE_EQ(t(Collective::kReduceScatter, Algorithm::kShm, 8, oneNode(4), m), 11.0);
 }
 
 TEST(CostModelHand, ShmUsesTheWindowBandwidthWhenGiven) {
   MachineProfile m = unitProfile();
   m.shmBw = 2.0;  // e.g. a host window behind a GPU's host link
-  // AG: copy in 2/2 + copy out 8/2 + 2 barriers of 2 = 9.
-  EXPECT_DOUBLE_EQ(t(Collective::kAllGather, Algorithm::kShm, 8, oneNode(4), m), 9.0);
+  // AG: copy 8/2 + one barrier of 2 = 6.
+  EXPECT_DOUBLE_EQ(t(Collective::kAllGather, Algorithm::kShm, 8, oneNode(4), m), 6.0);
   m.shmBw = -1.0;
   EXPECT_THROW(t(Collective::kAllGather, Algorithm::kShm, 8, oneNode(4), m), InvalidArgument);
 }
