@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Re-runs every recorded result in this folder (as root, for the emulated cluster runs).
+# Run from the repository root with the virtual environment of the README's quick start.
+# Each run's exact command is also written beside its JSON as <name>.cmd.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+MPIEXEC=$(dirname "$PY")/mpiexec
+OUT=bench/results
+export FOURD_CALIBRATE=force   # measure the profile of `auto` on this (quiet) machine
+
+run() {  # name, then the command
+  local name=$1; shift
+  echo "$*" > "$OUT/$name.cmd"
+  echo "== $name: $*"
+  "$@" 2>&1 | tee "$OUT/$name.txt"
+}
+
+# One node: all_reduce float32 and bfloat16, 1 MiB - 64 MiB, every algorithm, both baselines.
+for n in 2 4; do
+  run onenode_np${n}_all_reduce "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
+    --grid x=$n --ranks-per-node $n --axis world --collective all_reduce -d float,bfloat16 \
+    -b 1M -e 64M -f 4 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
+    --csv $OUT/onenode_np${n}_all_reduce.csv --plot $OUT/onenode_np${n}_all_reduce.png
+done
+
+# The planner's model against these measurements (median absolute error must be < 25%).
+run profile_onenode_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.plan --calibrate \
+  --ranks-per-node 4 --out $OUT/profile_onenode_np4.json
+run validation_onenode_np4 "$PY" -m fourd.plan.validate $OUT/onenode_np4_all_reduce.json \
+  --machine $OUT/profile_onenode_np4.json --out $OUT/validation_onenode_np4.md \
+  || echo "validation: median error above the threshold (see the table)"
+
+# Per-call overhead of fourd over the MPI library: 8 B and 16 MiB, flat, 2 and 4 ranks.
+for n in 2 4; do
+  run overhead_8B_np${n} "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
+    --grid x=$n --ranks-per-node $n --axis world --collective all_reduce --algorithm flat \
+    --baseline mpi -b 8 -e 8 -n 5000 -w 200 --json $OUT/overhead_8B_np${n}.json
+  run overhead_16M_np${n} "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
+    --grid x=$n --ranks-per-node $n --axis world --collective all_reduce --algorithm flat \
+    --baseline mpi -b 16M -e 16M -n 30 -w 3 --json $OUT/overhead_16M_np${n}.json
+done
+
+# The README's main command: the default sweep on 4 ranks (2 x 2 virtual nodes).
+run default_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.bench \
+  --json $OUT/default_np4.json --plot $OUT/default_np4.png
+
+# Emulated clusters (root): 2 nodes x 2 ranks and 4 nodes x 2 ranks, 4 Gbit/s per node link.
+for nodes in 2 4; do
+  run cluster_${nodes}x2 bench/cluster/run_cluster.sh --nodes $nodes --ranks-per-node 2 \
+    --rate 4gbit --python "$PY" -- --axis world --collective all_reduce,all_gather,reduce_scatter \
+    -b 1M -e 64M -f 4 --algorithm all --json $OUT/cluster_${nodes}x2.json \
+    --csv $OUT/cluster_${nodes}x2.csv --plot $OUT/cluster_${nodes}x2.png
+done
