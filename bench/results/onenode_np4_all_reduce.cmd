@@ -1,0 +1,1 @@
+/tmp/ci/.venv/bin/mpiexec -n 4 /tmp/ci/.venv/bin/python -m mpi4py -m fourd.bench --grid x=4 --ranks-per-node 4 --axis world --collective all_reduce -d float,bfloat16 -b 1M -e 64M -f 4 --algorithm all --json bench/results/onenode_np4_all_reduce.json --csv bench/results/onenode_np4_all_reduce.csv --plot bench/results/onenode_np4_all_reduce.png
