@@ -6,6 +6,8 @@
 #include <atomic>
 #include <sstream>
 
+#include "fourd/error.hpp"
+
 namespace fourd::detail {
 
 std::string OpContext::describe() const {
@@ -36,6 +38,22 @@ void setInterruptCheck(InterruptCheck fn) noexcept { gInterrupt.store(fn); }
 bool interruptRequested() noexcept {
   InterruptCheck fn = gInterrupt.load();
   return fn != nullptr && fn();
+}
+
+WaitWatch::WaitWatch(const OpContext& ctx)
+    : ctx_(ctx), nextCheck_(Clock::now() + std::chrono::milliseconds(20)) {}
+
+bool WaitWatch::expired() {
+  if ((++polls_ & 63u) != 0) return false;
+  const auto now = Clock::now();
+  if (now >= nextCheck_) {
+    nextCheck_ = now + std::chrono::milliseconds(20);
+    if (interruptRequested()) {
+      throw AbortedError("fourd: " + ctx_.describe() + " was interrupted after " +
+                         std::to_string(ctx_.elapsed()) + " s");
+    }
+  }
+  return now >= ctx_.deadline;
 }
 
 void Backoff::pause() noexcept {

@@ -177,8 +177,7 @@ void runConcurrently(const std::vector<Schedule*>& schedules, OpContext& ctx) {
     return;
   }
   Backoff backoff;
-  unsigned polls = 0;
-  auto nextCheck = Clock::now() + std::chrono::milliseconds(20);
+  WaitWatch watch(ctx);
   while (true) {
     bool allDone = true, progressed = false;
     for (Schedule* s : schedules) {
@@ -193,19 +192,9 @@ void runConcurrently(const std::vector<Schedule*>& schedules, OpContext& ctx) {
       backoff = Backoff();
       continue;
     }
-    if ((++polls & 63u) == 0) {
-      const auto now = Clock::now();
-      if (now >= nextCheck) {
-        nextCheck = now + std::chrono::milliseconds(20);
-        if (interruptRequested()) {
-          throw AbortedError("fourd: " + ctx.describe() + " was interrupted after " +
-                             std::to_string(ctx.elapsed()) + " s");
-        }
-      }
-      if (now >= ctx.deadline) {
-        for (Schedule* s : schedules)
-          if (!s->done()) s->timeout(ctx);
-      }
+    if (watch.expired()) {
+      for (Schedule* s : schedules)
+        if (!s->done()) s->timeout(ctx);
     }
     backoff.pause();
   }
@@ -229,25 +218,14 @@ void waitUntil(const std::function<bool()>& ready, const std::function<std::stri
     } while (Clock::now() < until);
   }
   Backoff backoff;
-  unsigned polls = 0;
-  auto nextCheck = Clock::now() + std::chrono::milliseconds(20);
+  WaitWatch watch(ctx);
   while (!ready()) {
-    if ((++polls & 63u) == 0) {
-      const auto now = Clock::now();
-      if (now >= nextCheck) {
-        nextCheck = now + std::chrono::milliseconds(20);
-        if (interruptRequested()) {
-          throw AbortedError("fourd: " + ctx.describe() + " was interrupted after " +
-                             std::to_string(ctx.elapsed()) + " s");
-        }
-      }
-      if (now >= ctx.deadline) {
-        std::ostringstream os;
-        os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed()
-           << " s (timeout " << ctx.timeoutSeconds << " s) waiting for "
-           << (laggards ? laggards() : std::string("a shared-memory flag"));
-        throw TimeoutError(os.str());
-      }
+    if (watch.expired()) {
+      std::ostringstream os;
+      os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed()
+         << " s (timeout " << ctx.timeoutSeconds << " s) waiting for "
+         << (laggards ? laggards() : std::string("a shared-memory flag"));
+      throw TimeoutError(os.str());
     }
     backoff.pause();
   }

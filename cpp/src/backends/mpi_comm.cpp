@@ -108,48 +108,37 @@ MpiComm::~MpiComm() {
 void MpiComm::wait(MPI_Request* reqs, int n, const int* peers, OpContext& ctx) {
   if (n == 0) return;
   Backoff backoff;
-  unsigned polls = 0;
-  auto nextCheck = Clock::now() + std::chrono::milliseconds(20);
+  WaitWatch watch(ctx);
   while (true) {
     int done = 0;
     checkMpi(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) return;
-    if ((++polls & 63u) == 0) {
-      const auto now = Clock::now();
-      if (now >= nextCheck) {
-        nextCheck = now + std::chrono::milliseconds(20);
-        if (interruptRequested()) {
-          throw AbortedError("fourd: " + ctx.describe() + " was interrupted after " +
-                             std::to_string(ctx.elapsed()) + " s");
-        }
-      }
-      if (now >= ctx.deadline) {
-        std::ostringstream os;
-        os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed()
-           << " s (timeout " << ctx.timeoutSeconds << " s)";
-        std::vector<int> missing;
-        if (peers) {
-          for (int i = 0; i < n; ++i) {
-            int flag = 1;
-            if (reqs[i] != MPI_REQUEST_NULL) MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
-            if (!flag && peers[i] >= 0) {
-              const int w = worldRanks_.at(peers[i]);
-              bool seen = false;
-              for (int m : missing) seen = seen || m == w;
-              if (!seen) missing.push_back(w);
-            }
+    if (watch.expired()) {
+      std::ostringstream os;
+      os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed()
+         << " s (timeout " << ctx.timeoutSeconds << " s)";
+      std::vector<int> missing;
+      if (peers) {
+        for (int i = 0; i < n; ++i) {
+          int flag = 1;
+          if (reqs[i] != MPI_REQUEST_NULL) MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE);
+          if (!flag && peers[i] >= 0) {
+            const int w = worldRanks_.at(peers[i]);
+            bool seen = false;
+            for (int m : missing) seen = seen || m == w;
+            if (!seen) missing.push_back(w);
           }
         }
-        if (!missing.empty()) {
-          os << "; peers that never arrived: world ranks [";
-          for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
-          os << "]";
-        } else {
-          os << "; the ranks that did not arrive are not known (the MPI library's collective did "
-                "not complete; set FOURD_DEBUG=1 to compare the calls of every rank)";
-        }
-        throw TimeoutError(os.str());
       }
+      if (!missing.empty()) {
+        os << "; peers that never arrived: world ranks [";
+        for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];
+        os << "]";
+      } else {
+        os << "; the ranks that did not arrive are not known (the MPI library's collective did "
+              "not complete; set FOURD_DEBUG=1 to compare the calls of every rank)";
+      }
+      throw TimeoutError(os.str());
     }
     backoff.pause();
   }

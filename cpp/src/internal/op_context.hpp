@@ -34,6 +34,21 @@ using InterruptCheck = bool (*)();
 void setInterruptCheck(InterruptCheck fn) noexcept;
 bool interruptRequested() noexcept;
 
+/// The periodic checks of a polling wait: every 64 polls it looks at the clock; every 20 ms it
+/// runs the interrupt check (throwing AbortedError naming the operation) and it reports when the
+/// operation's deadline has passed (the caller throws TimeoutError with what it waits for).
+class WaitWatch {
+ public:
+  explicit WaitWatch(const OpContext& ctx);
+  /// Call once per poll. True once the deadline has passed.
+  bool expired();
+
+ private:
+  const OpContext& ctx_;
+  unsigned polls_ = 0;
+  Clock::time_point nextCheck_;
+};
+
 /// A polite spin: after a few hundred polls the waiting thread yields its core, so that
 /// oversubscribed ranks (more ranks than cores) still make progress.
 class Backoff {
