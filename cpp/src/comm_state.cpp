@@ -11,7 +11,12 @@ CommState::CommState(std::string n, AxisMask m, std::unique_ptr<MpiComm> comm, G
                      std::shared_ptr<const MachineProfile>* p)
     : name(std::move(n)), mask(m), mpi(std::move(comm)), topo(std::move(t)), profile(p) {}
 
-CommState::~CommState() = default;
+CommState::~CommState() {
+  // Per-algorithm state first: a shared-memory window is freed collectively over the intra
+  // communicator's group, which must still exist then (members die in reverse order, and
+  // intra_ is declared after cache).
+  cache.clear();
+}
 
 void CommState::Aligned::operator()(void* p) const noexcept { std::free(p); }
 

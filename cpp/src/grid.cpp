@@ -205,7 +205,11 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
   }
 }
 
-Grid::~Grid() { finalize(0.0); }
+// Operations waited for may still be finishing on their progress threads (a Work completes
+// just before its thread goes idle): drain with the grid's deadline, as fourd.finalize() does,
+// never with zero, or this rank would keep (leak) communicators whose shared-memory windows
+// its peers free collectively.
+Grid::~Grid() { finalize(config_.timeoutSeconds); }
 
 Communicator& Grid::communicator(AxisMask mask) {
   if (finalized_) throw AbortedError("fourd: the grid was finalized; call fourd.init again");

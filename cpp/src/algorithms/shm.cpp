@@ -78,10 +78,30 @@ struct ShmWindow {
     int finalized = 0;
     MPI_Finalized(&finalized);
     // MPI_Win_free is collective: after a failed operation the peers may never arrive, so the
-    // window is leaked rather than risk a hang at exit.
-    if (!finalized && clean) {
-      MPI_Win_unlock_all(win);
-      MPI_Win_free(&win);
+    // window is leaked rather than risk a hang at exit. Before it, a deadline-aware barrier:
+    // a peer that never frees its window makes this rank leak it instead of hanging, and (seen
+    // with MPICH 5 at 8 ranks on 2 cores) a rank that leaves MPI_Win_free early and goes on to
+    // other MPI calls could leave its peers spinning inside MPI_Win_free for good.
+    if (!finalized && clean && comm != nullptr) {
+      OpContext ctx;
+      ctx.op = "free of a shared-memory window";
+      ctx.axis = "intra";
+      ctx.start = Clock::now();
+      ctx.timeoutSeconds = 60.0;
+      ctx.deadline = ctx.start + std::chrono::seconds(60);
+      bool together = false;
+      try {
+        MPI_Request r;
+        if (MPI_Ibarrier(comm->handle(), &r) == MPI_SUCCESS) {
+          comm->wait(&r, 1, nullptr, ctx);
+          together = true;
+        }
+      } catch (...) {
+      }
+      if (together) {
+        MPI_Win_unlock_all(win);
+        MPI_Win_free(&win);
+      }
     }
     win = MPI_WIN_NULL;
   }
