@@ -1,7 +1,11 @@
 // Grid construction: agreement check, topology discovery, one MPI_Comm_split per axis mask.
 #include "fourd/grid.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -150,6 +154,31 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
   }
 
   grid_ = ProcessGrid(config_.sizes, ProcessGrid::parseOrder(config_.order));
+
+  // 1b. How waits poll: more ranks on this machine than cores for them means yield at once.
+  {
+    MPI_Comm node;
+    checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &node),
+             "MPI_Comm_split_type");
+    int local = 1;
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+    const char* poll = std::getenv("FOURD_POLL");
+    const std::string mode = poll ? poll : "auto";
+    if (mode == "spin") {
+      detail::setOversubscribed(false);
+    } else if (mode == "yield") {
+      detail::setOversubscribed(true);
+    } else if (mode == "auto" || mode.empty()) {
+      detail::setOversubscribed(cores > 0 && local > cores);
+    } else {
+      throw InvalidArgument("FOURD_POLL: expected spin, yield or auto, found '" + mode + "'");
+    }
+  }
 
   // 2. Topology: the real nodes (shared-memory domains), or virtual nodes.
   if (config_.ranksPerNode > 0) {

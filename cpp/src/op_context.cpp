@@ -56,17 +56,33 @@ bool WaitWatch::expired() {
   return now >= ctx_.deadline;
 }
 
+namespace {
+std::atomic<bool> gOversubscribed{false};
+}
+
+void setOversubscribed(bool yes) noexcept { gOversubscribed.store(yes, std::memory_order_relaxed); }
+
+bool oversubscribed() noexcept { return gOversubscribed.load(std::memory_order_relaxed); }
+
 void Backoff::pause() noexcept {
-  // Spin first (lowest latency), then yield the core, and after a few thousand polls sleep in
-  // short naps: with more ranks than cores a spinning waiter would steal the time its peers
-  // need to make the progress it is waiting for.
-  ++spins_;
-  if (spins_ <= 64) return;
-  if (spins_ <= 4096) {
+  // With a core per rank: spin a little first (lowest latency), then yield. With more ranks
+  // than cores: yield from the first poll, since a spinning waiter steals the time slice its
+  // peers need to make the progress it waits for (and MPI's non-blocking collectives only
+  // progress inside our MPI_Test calls, so the waiter must keep polling rather than sleep).
+  // Only a wait that has lasted some 65k polls (tens of milliseconds: a peer that computes, or
+  // is late) naps, so that it leaves the core to the computing ranks.
+  ++polls_;
+  if (polls_ <= 64 && !gOversubscribed.load(std::memory_order_relaxed)) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    return;
+  }
+  if (polls_ <= 65536) {
     sched_yield();
     return;
   }
-  struct timespec ts = {0, 50 * 1000};
+  struct timespec ts = {0, 20 * 1000};
   nanosleep(&ts, nullptr);
 }
 

@@ -49,14 +49,19 @@ class WaitWatch {
   Clock::time_point nextCheck_;
 };
 
-/// A polite spin: after a few hundred polls the waiting thread yields its core, so that
-/// oversubscribed ranks (more ranks than cores) still make progress.
+/// Whether this machine runs more ranks than it has cores for them (set when a grid is built,
+/// from the ranks sharing the node and the CPUs this process may run on; FOURD_POLL overrides).
+void setOversubscribed(bool yes) noexcept;
+bool oversubscribed() noexcept;
+
+/// A polite poll: spins for a few polls when every rank has a core, otherwise yields the core
+/// at once; naps only after a long wait. See op_context.cpp.
 class Backoff {
  public:
   void pause() noexcept;
 
  private:
-  unsigned spins_ = 0;
+  unsigned polls_ = 0;
 };
 
 }  // namespace fourd::detail
