@@ -38,7 +38,11 @@ for n in 2 4; do
     --baseline mpi -b 8 -e 8 -n 5000 -w 200 --json $OUT/overhead_8B_np${n}.json
   run overhead_16M_np${n} "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
     --grid x=$n --ranks-per-node $n --axis world --collective all_reduce --algorithm flat \
-    --baseline mpi -b 16M -e 16M -n 30 -w 3 --json $OUT/overhead_16M_np${n}.json
+    --baseline mpi -b 16M -e 16M -n 100 -w 5 --json $OUT/overhead_16M_np${n}.json
+  # The same 8 B call timed as nccl-tests does (the whole batch back to back).
+  run overhead_8B_np${n}_batch "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
+    --grid x=$n --ranks-per-node $n --axis world --collective all_reduce --algorithm flat \
+    --baseline mpi -b 8 -e 8 -n 20000 -w 500 --timing batch --json $OUT/overhead_8B_np${n}_batch.json
 done
 
 # The README's main command: the default sweep on 4 ranks (2 x 2 virtual nodes).

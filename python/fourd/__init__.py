@@ -45,8 +45,11 @@ def all_reduce(tensor, axis="world", op="sum", *, grid=None, algorithm="auto", a
     "rhd", "hierarchical", "shm". accumulate_fp32: float16/bfloat16 partial sums kept in float32.
     Returns a Work when async_op=True, else None.
     """
-    return _g(grid).all_reduce(tensor, axis, op, algorithm=algorithm, async_op=async_op,
-                               timeout=timeout, accumulate_fp32=accumulate_fp32)
+    g = _grid._current if grid is None else grid
+    if g is None:
+        g = _grid.get_grid()  # raises: no grid yet, or finalized
+    return g.all_reduce(tensor, axis, op, algorithm=algorithm, async_op=async_op, timeout=timeout,
+                        accumulate_fp32=accumulate_fp32)
 
 
 def all_gather(output, input, axis="world", *, grid=None, algorithm="auto", async_op=False,

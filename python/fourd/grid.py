@@ -114,12 +114,17 @@ class Grid:
         self._finalized = False
         # Per-axis algorithm used when a call says "auto" (set from a planner's choice).
         self._axis_algorithms: dict = {}
+        # (axis, op, algorithm) -> (communicator, op code, algorithm code): the per-call
+        # argument checks done once per distinct hashable combination (the hot path of small
+        # messages). Cleared whenever what it derives from changes.
+        self._calls: dict = {}
 
     def set_axis_algorithm(self, axis, algorithm: str) -> None:
         """Make `algorithm` the default of `axis` for calls that ask for "auto" (as
         ``fourd.init(plan=...)`` does with the planner's choice per axis)."""
         code = _algo_code(algorithm)
         mask = axis_mask(axis)
+        self._calls.clear()
         if code == 0:
             self._axis_algorithms.pop(mask, None)
         else:
@@ -215,41 +220,57 @@ class Grid:
     def all_reduce(self, tensor, axis="world", op="sum", *, algorithm="auto", async_op=False,
                    timeout=None, accumulate_fp32=False):
         """Reduce `tensor` in place over the group along `axis`."""
-        mask = axis_mask(axis)
-        comm = self._comm(mask)
+        try:
+            comm, opc, algc = self._calls[(axis, op, algorithm)]
+        except (KeyError, TypeError):
+            comm, opc, algc = self._plan_call(axis, op, algorithm)
         p, n, dt, dev, idx = resolve(tensor, "tensor", True)
         if dev:
             set_cuda_stream(idx)
-        return comm.all_reduce(p, p, n, dt, dev, idx, _op_code(op), self._algo(algorithm, mask),
-                               _timeout(timeout), async_op, accumulate_fp32,
-                               tensor if async_op else None)
+        return comm.all_reduce(p, p, n, dt, dev, idx, opc, algc,
+                               0.0 if timeout is None else _timeout(timeout), async_op,
+                               accumulate_fp32, tensor if async_op else None)
+
+    def _plan_call(self, axis, op, algorithm):
+        mask = axis_mask(axis)
+        plan = (self._comm(mask), _op_code(op), self._algo(algorithm, mask))
+        try:
+            if len(self._calls) < 256:
+                self._calls[(axis, op, algorithm)] = plan
+        except TypeError:  # an unhashable axis (a list): checked every call
+            pass
+        return plan
 
     def all_gather(self, output, input, axis="world", *, algorithm="auto", async_op=False,
                    timeout=None):
         """output = the inputs of the group along `axis`, concatenated in group-rank order."""
-        mask = axis_mask(axis)
-        comm = self._comm(mask)
+        try:
+            comm, _, algc = self._calls[(axis, "sum", algorithm)]
+        except (KeyError, TypeError):
+            comm, _, algc = self._plan_call(axis, "sum", algorithm)
         ip, ic, idt, dev, idx = resolve(input, "input", False)
         op_, oc, odt, odev, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
         if dev:
             set_cuda_stream(idx)
-        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, self._algo(algorithm, mask),
-                               _timeout(timeout), async_op,
+        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, algc,
+                               0.0 if timeout is None else _timeout(timeout), async_op,
                                (output, input) if async_op else None)
 
     def reduce_scatter(self, output, input, axis="world", op="sum", *, algorithm="auto",
                        async_op=False, timeout=None, accumulate_fp32=False):
         """Reduce `input` (group-size blocks) over the group; block i ends on group rank i."""
-        mask = axis_mask(axis)
-        comm = self._comm(mask)
+        try:
+            comm, opc, algc = self._calls[(axis, op, algorithm)]
+        except (KeyError, TypeError):
+            comm, opc, algc = self._plan_call(axis, op, algorithm)
         ip, ic, idt, dev, idx = resolve(input, "input", False)
         op_, oc, odt, odev, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
         if dev:
             set_cuda_stream(idx)
-        return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, _op_code(op),
-                                   self._algo(algorithm, mask), _timeout(timeout), async_op,
+        return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, opc, algc,
+                                   0.0 if timeout is None else _timeout(timeout), async_op,
                                    accumulate_fp32, (output, input) if async_op else None)
 
     def broadcast(self, tensor, src, axis="world", *, async_op=False, timeout=None):
@@ -303,6 +324,7 @@ class Grid:
             return True
         self._finalized = True
         self._comms.clear()
+        self._calls.clear()
         t = _default_timeout() if timeout is None else float(timeout)
         return self._native.finalize(t)
 

@@ -31,6 +31,7 @@ def test_defaults_on_four_ranks():
     assert cfg.baselines == ["mpi", "torch"]
     assert cfg.iters is None and cfg.warmup == 1 and cfg.check == 1
     assert cfg.link_rate is None
+    assert cfg.timing == "iteration"
 
 
 def test_nccl_tests_names_and_lists():
@@ -95,6 +96,7 @@ def test_default_grid_follows_hosts():
     (["--plot", "x.txt"], "--plot"),
     (["--frobnicate"], "unrecognized arguments"),
     (["-T", "0"], "-T/--timeout"),
+    (["--timing", "wall"], "--timing"),
 ])
 def test_bad_arguments(argv, fragment):
     with pytest.raises(UsageError) as e:
@@ -263,6 +265,24 @@ def test_bench_runs_under_mpi(tmp_path):
         assert math.isclose(r["algbw_gbps"], r["size_bytes"] / r["time_us"] / 1e3, rel_tol=1e-9)
     assert len(cp.read_text().splitlines()) == len(rows) + 1
     assert pp.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_batch_timing_under_mpi(tmp_path):
+    """--timing batch (nccl-tests' way): one clock read per batch on each rank, so every
+    iteration carries the batch average, and the JSON says which timing was used."""
+    jp = tmp_path / "b.json"
+    r = run_mpi(2, ["-m", "fourd.bench", "-b", "8", "-e", "64", "-n", "50", "--collective",
+                    "all_reduce", "--algorithm", "flat", "--baseline", "mpi", "--timing", "batch",
+                    "--json", str(jp)], timeout=120)
+    assert "--timing batch" in r.stdout, r.stdout[-2000:]
+    doc = json.loads(jp.read_text())
+    assert report.validate(doc) == [], report.validate(doc)[:5]
+    assert doc["timing"]["mode"] == "batch"
+    rows = doc["rows"]
+    assert {r["library"] for r in rows} == {"fourd", "mpi"}
+    for row in rows:
+        assert row["wrong"] == 0 and row["iters"] == 50
+        assert row["time_us_min"] == pytest.approx(row["time_us_max"], rel=1e-12), row
 
 
 def test_bench_bad_argument_under_mpi():

@@ -275,9 +275,14 @@ def main(argv=None) -> int:
             f"{','.join(cfg.dtypes)}; ops {','.join(cfg.ops)}")
     pr.line("# axes: " + "; ".join(
         f"{a.name} = groups of {a.group_size} ({axis_info[a.mask]['description']})" for a in cfg.axes))
-    pr.line("# timing: time = mean over iterations of the per-iteration maximum across all ranks, "
-            "after a barrier; every group of an axis runs at once (the JSON also has min, median, "
-            "p99 and the nccl-tests average across ranks)")
+    if cfg.timing == "batch":
+        pr.line("# timing (--timing batch): time = the slowest rank's time for the whole batch of "
+                "iterations run back to back, divided by the iterations (as nccl-tests), after a "
+                "barrier; every group of an axis runs at once")
+    else:
+        pr.line("# timing: time = mean over iterations of the per-iteration maximum across all "
+                "ranks, after a barrier; every group of an axis runs at once (the JSON also has "
+                "min, median, p99 and the nccl-tests average across ranks)")
     be_text = (f"Be = {link_bps / 1e9:.3f} GB/s per node ({cfg.link_rate_source})" if link_bps
                else "Be = unknown (no --link-rate, no FOURD_CLUSTER_RATE_BPS)")
     pr.line(f"# bound: Bi = {intra_bps / 1e9:.2f} GB/s per rank (numpy copy of 16 MiB on every "
@@ -341,7 +346,10 @@ def main(argv=None) -> int:
             "placement": placement,
             "topology": topo_doc,
             "timing": {
-                "time_us": "mean over timed iterations of the per-iteration maximum across ranks",
+                "mode": cfg.timing,
+                "time_us": ("the slowest rank's batch time / iterations (nccl-tests)"
+                            if cfg.timing == "batch" else
+                            "mean over timed iterations of the per-iteration maximum across ranks"),
                 "time_us_rank_avg": "nccl-tests: mean over iterations and ranks",
                 "percentiles": "time_us_min/median/p99/max over the per-iteration maxima",
                 "barrier": "a world Allreduce (agreeing on the iteration count) before each "

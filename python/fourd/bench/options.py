@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-c", "--check", type=int, default=1, metavar="N",
                    help="checked iterations per row against a closed form; 0 = no check "
                         "(#wrong shows N/A) (default 1)")
+    g.add_argument("--timing", default="iteration", metavar="MODE",
+                   help="iteration (default): each iteration timed on every rank, time = mean of "
+                        "the per-iteration maximum across ranks (the strictest: any rank's jitter "
+                        "counts); batch: as nccl-tests, each rank times the whole batch of "
+                        "iterations back to back, time = the slowest rank's batch / iterations")
     g.add_argument("-T", "--timeout", type=float, default=None, metavar="SECONDS",
                    help="deadline of each fourd call (default: fourd's, FOURD_TIMEOUT_S or 300)")
 
@@ -224,6 +229,7 @@ class Config:
     progress: bool
     notes: list = field(default_factory=list)
     device: str = "cpu"
+    timing: str = "iteration"
     raw: dict = field(default_factory=dict)
 
 
@@ -500,8 +506,12 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device: expected cpu or cuda; found {args.device!r}")
 
+    timing = str(args.timing).strip().lower()
+    if timing not in ("iteration", "batch"):
+        raise UsageError(f"--timing: expected iteration or batch; found {args.timing!r}")
+
     return Config(
-        device=device, argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
+        timing=timing, device=device, argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
         check=args.check, timeout=args.timeout, dtypes=dtypes, ops=ops, collectives=colls,
         axes=axes, axes_requested=args.axis is not None, algorithms=algs,
         algorithms_requested=algs_req, baselines=baselines, baselines_requested=base_req,
