@@ -45,23 +45,9 @@ namespace {
 
 using detail::ReduceParams;
 
-bool isFloatingType(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
-         t == DataType::kBFloat16;
-}
-
 const char* dtypeName(DataType t) {
-  switch (t) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kInt8: return "int8";
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-  }
-  return "unknown";
+  const char* name = fourd::detail::dataTypeName(t);
+  return name != nullptr ? name : "unknown";
 }
 
 void checkOp(ReduceOp op, DataType dtype) {
@@ -70,7 +56,7 @@ void checkOp(ReduceOp op, DataType dtype) {
     throw InvalidArgument("op: expected sum, prod, min, max or avg; found the value " +
                           std::to_string(v));
   }
-  if (op == ReduceOp::kAvg && !isFloatingType(dtype)) {
+  if (op == ReduceOp::kAvg && !isFloating(dtype)) {
     throw InvalidArgument(std::string("op: 'avg' needs a floating dtype; found ") +
                           dtypeName(dtype));
   }
@@ -124,16 +110,7 @@ void launch(const ReduceParams& p, DataType dtype, ReduceOp op, cudaStream_t str
 }  // namespace
 
 size_t elementSize(DataType t) {
-  switch (t) {
-    case DataType::kFloat32: return 4;
-    case DataType::kFloat64: return 8;
-    case DataType::kFloat16: return 2;
-    case DataType::kBFloat16: return 2;
-    case DataType::kInt8: return 1;
-    case DataType::kUInt8: return 1;
-    case DataType::kInt32: return 4;
-    case DataType::kInt64: return 8;
-  }
+  if (const size_t size = dataTypeSize(t)) return size;
   throw InvalidArgument("dtype: expected one of float32, float64, float16, bfloat16, int8, uint8, "
                         "int32, int64; found the value " +
                         std::to_string(static_cast<int>(t)));
@@ -220,7 +197,7 @@ void reduce(void* dst, const void* const* srcs, int nsrcs, size_t count, DataTyp
 void scale(void* dst, const void* src, size_t count, DataType dtype, double factor,
            void* stream) {
   const size_t es = elementSize(dtype);
-  if (!isFloatingType(dtype)) {
+  if (!isFloating(dtype)) {
     throw InvalidArgument(std::string("dtype: scale needs a floating dtype; found ") +
                           dtypeName(dtype));
   }

@@ -107,8 +107,8 @@ void copyRegions(void* dst, const void* src, const CopyRegion* regions, int n, v
 void permuteBlocks(void* dst, const void* src, size_t blockBytes, const int* perm, int nblocks,
                    void* stream, CopyMethod method = CopyMethod::kAuto);
 
-/// Size in bytes of one element of `t` (a copy of fourd::dataTypeSize that needs no core
-/// library, so this target links on its own). Throws InvalidArgument for an unknown value.
+/// Size in bytes of one element of `t` (fourd::dataTypeSize, which is defined in its header, so
+/// this target still links on its own). Throws InvalidArgument for an unknown value.
 size_t elementSize(DataType t);
 
 }  // namespace fourd::cuda

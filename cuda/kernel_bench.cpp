@@ -68,30 +68,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-const char* dtypeName(DataType t) {
-  switch (t) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kInt8: return "int8";
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-  }
-  return "?";
-}
-
-const char* opName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
-  }
-  return "?";
-}
+const char* orUnknown(const char* name) { return name != nullptr ? name : "?"; }
 
 struct Row {
   std::string kind;   // "copy", "reduce", "permute"
@@ -180,8 +157,8 @@ int run(const Options& opt) {
     void* d = static_cast<char*>(dst) + dstShift;
     Row r;
     r.kind = "reduce";
-    r.name = label.empty() ? opName(op) : label;
-    r.dtype = dtypeName(t);
+    r.name = label.empty() ? orUnknown(fourd::detail::reduceOpName(op)) : label;
+    r.dtype = orUnknown(fourd::detail::dataTypeName(t));
     r.nsrcs = n;
     r.bytes = count * es;
     r.moved = static_cast<size_t>(n + 1) * r.bytes;

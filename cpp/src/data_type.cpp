@@ -7,31 +7,8 @@
 
 namespace fourd {
 
-size_t dataTypeSize(DataType t) noexcept {
-  switch (t) {
-    case DataType::kFloat32: return 4;
-    case DataType::kFloat64: return 8;
-    case DataType::kFloat16: return 2;
-    case DataType::kBFloat16: return 2;
-    case DataType::kInt8: return 1;
-    case DataType::kUInt8: return 1;
-    case DataType::kInt32: return 4;
-    case DataType::kInt64: return 8;
-  }
-  return 0;
-}
-
 std::string toString(DataType t) {
-  switch (t) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kInt8: return "int8";
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-  }
+  if (const char* name = detail::dataTypeName(t)) return name;
   throw InvalidArgument("dtype: expected a fourd DataType, found the value " +
                         std::to_string(static_cast<int>(t)));
 }
@@ -56,19 +33,8 @@ DataType parseDataType(const std::string& name, const char* argName) {
                         "int32, int64; found '" + name + "'");
 }
 
-bool isFloating(DataType t) noexcept {
-  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
-         t == DataType::kBFloat16;
-}
-
 std::string toString(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
-  }
+  if (const char* name = detail::reduceOpName(op)) return name;
   throw InvalidArgument("op: expected a fourd ReduceOp, found the value " +
                         std::to_string(static_cast<int>(op)));
 }

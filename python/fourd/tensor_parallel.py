@@ -81,9 +81,13 @@ def _resolve(group) -> _Resolved:
     return r
 
 
-def _check_divides(fn: str, t: torch.Tensor, dim: int, g: _Resolved):
+def _check_not_scalar(fn: str, t: torch.Tensor):
     if t.dim() == 0:
         raise InvalidArgumentError(f"{fn}: input: expected at least one dimension, found a scalar")
+
+
+def _check_divides(fn: str, t: torch.Tensor, dim: int, g: _Resolved):
+    _check_not_scalar(fn, t)
     n = t.shape[dim]
     if n % g.size:
         which = "last" if dim == -1 else "first"
@@ -135,155 +139,94 @@ def _reduce_scatter_last(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     return out
 
 
-# ---- autograd functions --------------------------------------------------------------------
+# ---- autograd functions -------------------------------------------------------------------
 
-class _CopyToRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
+def _split_first(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
+    return _split(t, 0, g)
+
+
+def _split_last(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
+    return _split(t, -1, g)
+
+
+def _mapping(name: str, forward, backward):
+    """An autograd function ``apply(x, g)``: ``forward(x, g)``, and the gradient
+    ``backward(dy, g)`` (none for ``g``)."""
+
+    def fwd(ctx, x, g):
         ctx.g = g
-        return x.view_as(x)
+        return forward(x, g)
 
-    @staticmethod
-    def backward(ctx, dy):
-        return _all_reduce(dy, ctx.g), None
+    def bwd(ctx, dy):
+        return backward(dy, ctx.g), None
 
-
-class _ReduceFromRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        return _all_reduce(x, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return dy, None
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
 
 
-class _ScatterLast(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        ctx.g = g
-        return _split(x, -1, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _gather_last(dy, ctx.g), None
+def _identity_view(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
+    # The identity as a view: a distinct tensor object that shares the input's storage.
+    return t.view_as(t)
 
 
-class _GatherLast(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        ctx.g = g
-        return _gather_last(x, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _split(dy, -1, ctx.g), None
+def _identity(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
+    return t
 
 
-class _ScatterFirst(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        ctx.g = g
-        return _split(x, 0, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _gather_first(dy, ctx.g), None
-
-
-class _GatherFirst(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g, reduce_grad):
-        ctx.g = g
-        ctx.reduce_grad = reduce_grad
-        return _gather_first(x, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        if ctx.reduce_grad:
-            return _reduce_scatter_first(dy, ctx.g), None, None
-        return _split(dy, 0, ctx.g), None, None
+_CopyToRegion = _mapping("_CopyToRegion", _identity_view, _all_reduce)
+_ReduceFromRegion = _mapping("_ReduceFromRegion", _all_reduce, _identity)
+_ScatterLast = _mapping("_ScatterLast", _split_last, _gather_last)
+_GatherLast = _mapping("_GatherLast", _gather_last, _split_last)
+_ScatterFirst = _mapping("_ScatterFirst", _split_first, _gather_first)
+_GatherFirst = _mapping("_GatherFirst", _gather_first, _reduce_scatter_first)
+_GatherFirstSplitGrad = _mapping("_GatherFirstSplitGrad", _gather_first, _split_first)
+_ReduceScatterFirst = _mapping("_ReduceScatterFirst", _reduce_scatter_first, _gather_first)
+_GatherLastReduceScatter = _mapping("_GatherLastReduceScatter", _gather_last,
+                                    _reduce_scatter_last)
+_ReduceScatterLast = _mapping("_ReduceScatterLast", _reduce_scatter_last, _gather_last)
 
 
-class _ReduceScatterFirst(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        ctx.g = g
-        return _reduce_scatter_first(x, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _gather_first(dy, ctx.g), None
-
-
-class _GatherLastReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        ctx.g = g
-        return _gather_last(x, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _reduce_scatter_last(dy, ctx.g), None
-
-
-class _ReduceScatterLast(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g):
-        ctx.g = g
-        return _reduce_scatter_last(x, g)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return _gather_last(dy, ctx.g), None
+def _apply(fn: str, function, input_, group, divide_dim=None, need_dim=False):
+    """`function` over the resolved `group`, or `input_` itself for a group of one rank. Checks
+    first that input_ has a dimension (need_dim) or that `divide_dim` splits evenly."""
+    g = _resolve(group)
+    if g.size == 1:
+        return input_
+    if divide_dim is not None:
+        _check_divides(fn, input_, divide_dim, g)
+    elif need_dim:
+        _check_not_scalar(fn, input_)
+    return function.apply(input_, g)
 
 
 # ---- public API ----------------------------------------------------------------------------
 
 def copy_to_tensor_model_parallel_region(input_, group=None):
     """Forward: identity. Backward: all-reduce (sum) of the gradient over `group`."""
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    return _CopyToRegion.apply(input_, g)
+    return _apply("copy_to_tensor_model_parallel_region", _CopyToRegion, input_, group)
 
 
 def reduce_from_tensor_model_parallel_region(input_, group=None):
     """Forward: all-reduce (sum) over `group`. Backward: identity."""
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    return _ReduceFromRegion.apply(input_, g)
+    return _apply("reduce_from_tensor_model_parallel_region", _ReduceFromRegion, input_, group)
 
 
 def scatter_to_tensor_model_parallel_region(input_, group=None):
     """Forward: keep chunk (group rank) of the last dimension. Backward: all-gather it."""
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    _check_divides("scatter_to_tensor_model_parallel_region", input_, -1, g)
-    return _ScatterLast.apply(input_, g)
+    return _apply("scatter_to_tensor_model_parallel_region", _ScatterLast, input_, group,
+                  divide_dim=-1)
 
 
 def gather_from_tensor_model_parallel_region(input_, group=None):
     """Forward: all-gather along the last dimension. Backward: keep my chunk of the gradient."""
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    if input_.dim() == 0:
-        raise InvalidArgumentError(
-            "gather_from_tensor_model_parallel_region: input: expected at least one dimension, "
-            "found a scalar")
-    return _GatherLast.apply(input_, g)
+    return _apply("gather_from_tensor_model_parallel_region", _GatherLast, input_, group,
+                  need_dim=True)
 
 
 def scatter_to_sequence_parallel_region(input_, group=None):
     """Forward: keep chunk (group rank) of the first dimension. Backward: all-gather it."""
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    _check_divides("scatter_to_sequence_parallel_region", input_, 0, g)
-    return _ScatterFirst.apply(input_, g)
+    return _apply("scatter_to_sequence_parallel_region", _ScatterFirst, input_, group,
+                  divide_dim=0)
 
 
 def gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad: bool = True,
@@ -297,14 +240,9 @@ def gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad: bo
         raise InvalidArgumentError(
             "gather_from_sequence_parallel_region: output_split_sizes: uneven splits are not "
             "supported; expected None")
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    if input_.dim() == 0:
-        raise InvalidArgumentError(
-            "gather_from_sequence_parallel_region: input: expected at least one dimension, found "
-            "a scalar")
-    return _GatherFirst.apply(input_, g, bool(tensor_parallel_output_grad))
+    function = _GatherFirst if tensor_parallel_output_grad else _GatherFirstSplitGrad
+    return _apply("gather_from_sequence_parallel_region", function, input_, group,
+                  need_dim=True)
 
 
 def reduce_scatter_to_sequence_parallel_region(input_, group=None, input_split_sizes=None,
@@ -314,29 +252,17 @@ def reduce_scatter_to_sequence_parallel_region(input_, group=None, input_split_s
         raise InvalidArgumentError(
             "reduce_scatter_to_sequence_parallel_region: input_split_sizes: uneven splits are "
             "not supported; expected None")
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    _check_divides("reduce_scatter_to_sequence_parallel_region", input_, 0, g)
-    return _ReduceScatterFirst.apply(input_, g)
+    return _apply("reduce_scatter_to_sequence_parallel_region", _ReduceScatterFirst, input_,
+                  group, divide_dim=0)
 
 
 def all_gather_last_dim_from_tensor_parallel_region(input_, group=None):
     """Forward: all-gather along the last dimension. Backward: reduce-scatter along it."""
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    if input_.dim() == 0:
-        raise InvalidArgumentError(
-            "all_gather_last_dim_from_tensor_parallel_region: input: expected at least one "
-            "dimension, found a scalar")
-    return _GatherLastReduceScatter.apply(input_, g)
+    return _apply("all_gather_last_dim_from_tensor_parallel_region", _GatherLastReduceScatter,
+                  input_, group, need_dim=True)
 
 
 def reduce_scatter_last_dim_to_tensor_parallel_region(input_, group=None):
     """Forward: reduce-scatter (sum) along the last dimension. Backward: all-gather along it."""
-    g = _resolve(group)
-    if g.size == 1:
-        return input_
-    _check_divides("reduce_scatter_last_dim_to_tensor_parallel_region", input_, -1, g)
-    return _ReduceScatterLast.apply(input_, g)
+    return _apply("reduce_scatter_last_dim_to_tensor_parallel_region", _ReduceScatterLast,
+                  input_, group, divide_dim=-1)

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,25 @@ namespace fourd::detail {
 
 class CommState;
 struct ShmWindow;
+
+// ---- one rank (ring and rhd) ----
+/// The reduce-scatter of a one-rank schedule: my block of `in` copied to `out` unless in place.
+/// Returns false (and adds nothing) when the schedule's communicator has more ranks.
+inline bool oneRankReduceScatter(Schedule& s, const char* in, char* out, const Blocks& blocks,
+                                 size_t elemSize) {
+  if (s.comm().size() != 1) return false;
+  const char* mine = in + blocks.offset(0) * elemSize;
+  const size_t bytes = blocks.count(0) * elemSize;
+  if (out != mine) s.compute([=] { std::memmove(out, mine, bytes); });
+  return true;
+}
+/// The all-reduce of a one-rank schedule: `in` copied to `out` unless in place. Returns false
+/// (and adds nothing) when the schedule's communicator has more ranks.
+inline bool oneRankAllReduce(Schedule& s, const void* in, void* out, size_t bytes) {
+  if (s.comm().size() != 1) return false;
+  if (in != out) s.compute([=] { std::memcpy(out, in, bytes); });
+  return true;
+}
 
 // ---- ring (ring.cpp) ----
 /// Bytes of scratch for a ring reduce-scatter: three rotating receive buffers of the largest block.

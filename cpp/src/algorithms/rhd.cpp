@@ -29,7 +29,7 @@
 #include <cstring>
 
 #include "algorithms/levels.hpp"
-#include "internal/comm_state.hpp"
+#include "algorithms/whole_group.hpp"
 #include "internal/reduce_kernels.hpp"
 
 namespace fourd::detail {
@@ -53,6 +53,49 @@ struct Fold {
   int lo(int vr) const { return vr < rem ? 2 * vr : vr + rem; }
 };
 
+// Recursive halving over the virtual ranks: log2 pof2 steps at distance pof2/2, ..., 1, each
+// sending the half of my current range that the partner keeps and reducing the other half with
+// what the partner sends. offset(vr) is the first element owned by virtual rank vr (offset(pof2)
+// is the end). `src` holds the whole buffer (my input or `acc`); each step reduces into `acc` at
+// the range's offset, except the last, which reduces my own range into `last` when given.
+template <class Offset>
+void halvingReduceScatter(Schedule& s, const Fold& f, const Offset& offset, const char* src,
+                          char* acc, char* tmp, char* last, size_t es, DataType t, ReduceOp op) {
+  int vlo = 0, vhi = f.pof2;  // my range of virtual ranks shrinks to [v, v + 1)
+  for (int d = f.pof2 / 2; d >= 1; d /= 2) {
+    const int partner = f.real(f.v ^ d);
+    const bool upper = (f.v & d) != 0;
+    const int mlo = upper ? vlo + d : vlo, mhi = upper ? vhi : vlo + d;
+    const int olo = upper ? vlo : vlo + d, ohi = upper ? vlo + d : vhi;
+    const size_t mo = offset(mlo), mn = offset(mhi) - mo;
+    const size_t oo = offset(olo), on = offset(ohi) - oo;
+    s.recv(tmp, mn * es, partner);
+    s.send(src + oo * es, on * es, partner);
+    s.waitAll();
+    const char* a = src + mo * es;
+    char* dst = (d == 1 && last != nullptr) ? last : acc + mo * es;
+    s.compute([=] { reduce2(dst, a, tmp, mn, t, op); });
+    src = acc;
+    vlo = mlo;
+    vhi = mhi;
+  }
+}
+
+// Recursive doubling over the virtual ranks, in place in `buf`: log2 pof2 steps at distance
+// 1, 2, ..., pof2/2 exchanging the range gathered so far. offset() as for halvingReduceScatter.
+template <class Offset>
+void doublingAllGather(Schedule& s, const Fold& f, const Offset& offset, char* buf, size_t es) {
+  for (int d = 1; d < f.pof2; d *= 2) {
+    const int pv = f.v ^ d;
+    const int mlo = f.v & ~(d - 1), olo = pv & ~(d - 1);
+    const size_t mo = offset(mlo), mn = offset(mlo + d) - mo;
+    const size_t oo = offset(olo), on = offset(olo + d) - oo;
+    s.recv(buf + oo * es, on * es, f.real(pv));
+    s.send(buf + mo * es, mn * es, f.real(pv));
+    s.waitAll();
+  }
+}
+
 }  // namespace
 
 size_t rhdDoublingThreshold() { return 32 * 1024; }
@@ -67,11 +110,7 @@ void rhdReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B,
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);
-  if (p == 1) {
-    if (out != in + B.offset(0) * es)
-      s.compute([=] { std::memmove(out, in + B.offset(0) * es, B.count(0) * es); });
-    return;
-  }
+  if (oneRankReduceScatter(s, in, out, B, es)) return;
   const Fold f(p, r);
   const size_t total = B.total();
   if (f.foldedOut()) {
@@ -91,31 +130,10 @@ void rhdReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B,
     s.compute([=] { reduceInto(acc, in, total, t, op); });
     src = acc;
   }
-  // Halving over virtual ranks: my range [vlo, vhi) of virtual ranks shrinks to [v, v + 1).
-  int vlo = 0, vhi = f.pof2;
-  for (int d = f.pof2 / 2; d >= 1; d /= 2) {
-    const int partner = f.real(f.v ^ d);
-    const bool upper = (f.v & d) != 0;
-    const int mlo = upper ? vlo + d : vlo, mhi = upper ? vhi : vlo + d;
-    const int olo = upper ? vlo : vlo + d, ohi = upper ? vlo + d : vhi;
-    const size_t mo = B.offset(f.lo(mlo)), mn = B.offset(f.lo(mhi)) - mo;
-    const size_t oo = B.offset(f.lo(olo)), on = B.offset(f.lo(ohi)) - oo;
-    s.recv(tmp, mn * es, partner);
-    s.send(src + oo * es, on * es, partner);
-    s.waitAll();
-    if (d == 1 && !f.hasPartner()) {
-      // Last step, my range is exactly my block: reduce straight into the output.
-      const char* a = src + mo * es;
-      s.compute([=] { reduce2(out, a, tmp, mn, t, op); });
-    } else {
-      const char* a = src + mo * es;
-      char* dst = acc + mo * es;
-      s.compute([=] { reduce2(dst, a, tmp, mn, t, op); });
-    }
-    src = acc;
-    vlo = mlo;
-    vhi = mhi;
-  }
+  // Real blocks are grouped by virtual rank; the last step reduces straight into the output
+  // when my range is exactly my block (no folded partner).
+  const auto offset = [&](int vr) { return B.offset(f.lo(vr)); };
+  halvingReduceScatter(s, f, offset, src, acc, tmp, f.hasPartner() ? nullptr : out, es, t, op);
   if (f.hasPartner()) {
     // My range holds blocks r - 1 (the folded partner's) and r.
     s.send(acc + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
@@ -144,15 +162,7 @@ void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t) {
     s.recv(buf + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
     s.waitAll();
   }
-  for (int d = 1; d < f.pof2; d *= 2) {
-    const int pv = f.v ^ d;
-    const int mlo = f.v & ~(d - 1), olo = pv & ~(d - 1);
-    const size_t mo = B.offset(f.lo(mlo)), mn = B.offset(f.lo(mlo + d)) - mo;
-    const size_t oo = B.offset(f.lo(olo)), on = B.offset(f.lo(olo + d)) - oo;
-    s.recv(buf + oo * es, on * es, f.real(pv));
-    s.send(buf + mo * es, mn * es, f.real(pv));
-    s.waitAll();
-  }
+  doublingAllGather(s, f, [&](int vr) { return B.offset(f.lo(vr)); }, buf, es);
   if (f.hasPartner()) {
     s.send(buf, total * es, r - 1);
     s.waitAll();
@@ -169,10 +179,7 @@ void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataTy
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);
-  if (p == 1) {
-    if (in != out) s.compute([=] { std::memcpy(out, in, count * es); });
-    return;
-  }
+  if (oneRankAllReduce(s, in, out, count * es)) return;
   const Fold f(p, r);
   const size_t n = count * es;
   if (f.foldedOut()) {
@@ -211,32 +218,11 @@ void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataTy
       s.compute([=] { reduceInto(acc, in, count, t, op); });
       src = acc;
     }
-    int vlo = 0, vhi = f.pof2;
-    for (int d = f.pof2 / 2; d >= 1; d /= 2) {
-      const int partner = f.real(f.v ^ d);
-      const bool upper = (f.v & d) != 0;
-      const int mlo = upper ? vlo + d : vlo, mhi = upper ? vhi : vlo + d;
-      const int olo = upper ? vlo : vlo + d, ohi = upper ? vlo + d : vhi;
-      const size_t mo = V.offset(mlo), mn = V.span(mlo, mhi);
-      const size_t oo = V.offset(olo), on = V.span(olo, ohi);
-      s.recv(tmp, mn * es, partner);
-      s.send(src + oo * es, on * es, partner);
-      s.waitAll();
-      const char* a = src + mo * es;
-      char* dst = (d == 1 ? out : acc) + mo * es;
-      s.compute([=] { reduce2(dst, a, tmp, mn, t, op); });
-      src = acc;
-      vlo = mlo;
-      vhi = mhi;
-    }
+    const auto offset = [&](int vr) { return V.offset(vr); };
+    // The last step leaves my virtual block reduced in place in `out`.
+    halvingReduceScatter(s, f, offset, src, acc, tmp, out + V.offset(f.v) * es, es, t, op);
     // Doubling all-gather of the virtual blocks, in place in `out`.
-    for (int d = 1; d < f.pof2; d *= 2) {
-      const int pv = f.v ^ d;
-      const int mlo = f.v & ~(d - 1), olo = pv & ~(d - 1);
-      s.recv(out + V.offset(olo) * es, V.span(olo, olo + d) * es, f.real(pv));
-      s.send(out + V.offset(mlo) * es, V.span(mlo, mlo + d) * es, f.real(pv));
-      s.waitAll();
-    }
+    doublingAllGather(s, f, offset, out, es);
   }
   if (f.hasPartner()) {
     s.send(out, n, r - 1);
@@ -246,37 +232,10 @@ void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataTy
 
 // ---- the "rhd" algorithm on the whole group ----
 
-namespace {
+constexpr LevelCollectives kRhdLevel = {rhdAllReduceScratch, rhdAllReduce, rhdAllGather,
+                                         rhdReduceScatterScratch, rhdReduceScatter};
 
-bool supports(Collective, CommState&, std::string*) { return true; }
-
-void allReduce(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
-  void* scratch = st.scratch(0, rhdAllReduceScratch(in.count, st.size(), dataTypeSize(in.dtype)));
-  Schedule s(*st.mpi, ctx.tag);
-  rhdAllReduce(s, in.data, out.data, in.count, in.dtype, op, scratch);
-  s.run(ctx);
-}
-
-void allGather(CommState& st, const Buffer& in, const Buffer& out, OpContext& ctx) {
-  const Buffer mine = out.slice(in.count * st.rank(), in.count);
-  if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
-  Schedule s(*st.mpi, ctx.tag);
-  rhdAllGather(s, out.data, Blocks::uniform(in.count, st.size()), in.dtype);
-  s.run(ctx);
-}
-
-void reduceScatter(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op,
-                   OpContext& ctx) {
-  const Blocks B = Blocks::uniform(out.count, st.size());
-  void* scratch = st.scratch(0, rhdReduceScatterScratch(B, dataTypeSize(in.dtype)));
-  Schedule s(*st.mpi, ctx.tag);
-  rhdReduceScatter(s, in.data, out.data, B, in.dtype, op, scratch);
-  s.run(ctx);
-}
-
-}  // namespace
-
-extern const AlgorithmImpl kRhdAlgorithm = {Algorithm::kRhd, "rhd", supports, allReduce,
-                                            allGather, reduceScatter};
+extern const AlgorithmImpl kRhdAlgorithm =
+    wholeGroupAlgorithm<kRhdLevel>(Algorithm::kRhd, "rhd");
 
 }  // namespace fourd::detail

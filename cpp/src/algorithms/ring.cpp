@@ -26,7 +26,7 @@
 #include <cstring>
 
 #include "algorithms/levels.hpp"
-#include "internal/comm_state.hpp"
+#include "algorithms/whole_group.hpp"
 #include "internal/reduce_kernels.hpp"
 
 namespace fourd::detail {
@@ -72,11 +72,7 @@ void ringReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);
-  if (p == 1) {
-    if (out != in + B.offset(0) * es)
-      s.compute([=] { std::memmove(out, in + B.offset(0) * es, B.count(0) * es); });
-    return;
-  }
+  if (oneRankReduceScatter(s, in, out, B, es)) return;
   const int right = (r + 1) % p, left = (r + p - 1) % p;
   char* R[3];
   for (int i = 0; i < 3; ++i) R[i] = static_cast<char*>(scratch) + i * B.maxCount() * es;
@@ -167,10 +163,7 @@ void ringAllReduce(Schedule& s, const void* in, void* out, size_t count, DataTyp
                    void* scratch) {
   const int p = s.comm().size(), r = s.comm().rank();
   const size_t es = dataTypeSize(t);
-  if (p == 1) {
-    if (in != out) s.compute([=] { std::memcpy(out, in, count * es); });
-    return;
-  }
+  if (oneRankAllReduce(s, in, out, count * es)) return;
   const Blocks B = Blocks::even(count, p);
   ringReduceScatter(s, in, static_cast<char*>(out) + B.offset(r) * es, B, t, op, scratch);
   ringAllGather(s, out, B, t);
@@ -178,38 +171,10 @@ void ringAllReduce(Schedule& s, const void* in, void* out, size_t count, DataTyp
 
 // ---- the "ring" algorithm on the whole group ----
 
-namespace {
+constexpr LevelCollectives kRingLevel = {ringAllReduceScratch, ringAllReduce, ringAllGather,
+                                         ringReduceScatterScratch, ringReduceScatter};
 
-bool supports(Collective, CommState&, std::string*) { return true; }
-
-void allReduce(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
-  const size_t es = dataTypeSize(in.dtype);
-  void* scratch = st.scratch(0, ringAllReduceScratch(in.count, st.size(), es));
-  Schedule s(*st.mpi, ctx.tag);
-  ringAllReduce(s, in.data, out.data, in.count, in.dtype, op, scratch);
-  s.run(ctx);
-}
-
-void allGather(CommState& st, const Buffer& in, const Buffer& out, OpContext& ctx) {
-  const Buffer mine = out.slice(in.count * st.rank(), in.count);
-  if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
-  Schedule s(*st.mpi, ctx.tag);
-  ringAllGather(s, out.data, Blocks::uniform(in.count, st.size()), in.dtype);
-  s.run(ctx);
-}
-
-void reduceScatter(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op,
-                   OpContext& ctx) {
-  const Blocks B = Blocks::uniform(out.count, st.size());
-  void* scratch = st.scratch(0, ringReduceScatterScratch(B, dataTypeSize(in.dtype)));
-  Schedule s(*st.mpi, ctx.tag);
-  ringReduceScatter(s, in.data, out.data, B, in.dtype, op, scratch);
-  s.run(ctx);
-}
-
-}  // namespace
-
-extern const AlgorithmImpl kRingAlgorithm = {Algorithm::kRing, "ring", supports, allReduce,
-                                             allGather, reduceScatter};
+extern const AlgorithmImpl kRingAlgorithm =
+    wholeGroupAlgorithm<kRingLevel>(Algorithm::kRing, "ring");
 
 }  // namespace fourd::detail

@@ -38,22 +38,20 @@ size_t Blocks::maxCount() const noexcept {
 Schedule::Handle Schedule::send(const void* buf, size_t bytes, int peer) {
   Msg m;
   m.sbuf = buf;
-  m.bytes = bytes;
-  m.peer = peer;
-  msgs_.push_back(m);
-  Action a{Kind::kSend};
-  a.first = static_cast<Handle>(msgs_.size()) - 1;
-  actions_.push_back(std::move(a));
-  return static_cast<Handle>(msgs_.size()) - 1;
+  return post(Kind::kSend, m, bytes, peer);
 }
 
 Schedule::Handle Schedule::recv(void* buf, size_t bytes, int peer) {
   Msg m;
   m.rbuf = buf;
+  return post(Kind::kRecv, m, bytes, peer);
+}
+
+Schedule::Handle Schedule::post(Kind kind, Msg m, size_t bytes, int peer) {
   m.bytes = bytes;
   m.peer = peer;
   msgs_.push_back(m);
-  Action a{Kind::kRecv};
+  Action a{kind};
   a.first = static_cast<Handle>(msgs_.size()) - 1;
   actions_.push_back(std::move(a));
   return static_cast<Handle>(msgs_.size()) - 1;

@@ -101,6 +101,8 @@ class Schedule {
     int peer = -1;
     size_t reqBegin = 0, reqEnd = 0;  // filled when posted
   };
+  // Appends message m (its buffer set) of `bytes` to / from `peer` and the action posting it.
+  Handle post(Kind kind, Msg m, size_t bytes, int peer);
   // Requests of the wait at actions_[next_] (a contiguous range).
   void waitRange(const Action& a, size_t* begin, size_t* end) const;
   bool testCurrent();

@@ -47,6 +47,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include <unistd.h>
 
@@ -163,6 +164,21 @@ void barrier(Schedule& s, ShmWindow* w) {
 }
 
 size_t ceilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// Rounds over the blocks of B, `per` elements of each block a round: round i handles elements
+// [i per, (i+1) per) of every block (at least one round, so every rank meets the same barriers).
+struct Rounds {
+  Blocks B;
+  size_t per;
+  int n;
+  Rounds(const Blocks& b, size_t p)
+      : B(b), per(p), n(static_cast<int>(std::max<size_t>(1, ceilDiv(b.maxCount(), p)))) {}
+  // (first element, element count) of block j's piece in round i.
+  std::pair<size_t, size_t> piece(int j, int i) const {
+    const size_t a = std::min(B.count(j), per * i);
+    return std::make_pair(a, std::min(B.count(j), a + per) - a);
+  }
+};
 
 }  // namespace
 
@@ -328,17 +344,14 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
   const int k = w->k, me = w->me;
   // Round i handles piece i of every block: elements [i P, (i+1) P) of each, at j P in the buffer.
   const size_t P = std::max<size_t>(1, w->bufBytes / es / k);
-  const int m = static_cast<int>(std::max<size_t>(1, ceilDiv(B.maxCount(), P)));
-  auto piece = [B, P](int j, int i) {
-    const size_t a = std::min(B.count(j), P * i);
-    return std::make_pair(a, std::min(B.count(j), a + P) - a);
-  };
+  const Rounds R(B, P);
+  const int m = R.n;
   auto copyIn = [&](int i) {
     s.compute([=] {
       char* dst = w->buffer(me, w->bars + 1);
       for (int j = 0; j < k; ++j) {
         if (j == me) continue;
-        const auto [a, n] = piece(j, i);
+        const auto [a, n] = R.piece(j, i);
         std::memcpy(dst + j * P * es, in + (B.offset(j) + a) * es, n * es);
       }
     });
@@ -346,7 +359,7 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
   auto reduce = [&](int i) {
     s.compute([=] {
       const uint64_t id = w->bars;
-      const auto [a, n] = piece(me, i);
+      const auto [a, n] = R.piece(me, i);
       // My own input first: the output may alias it (in place).
       std::vector<const void*> srcs(k);
       srcs[0] = in + (B.offset(me) + a) * es;
@@ -371,14 +384,11 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   char* buf = static_cast<char*>(bufV);
   const int k = w->k, me = w->me;
   const size_t P = std::max<size_t>(1, w->bufBytes / es);
-  const int m = static_cast<int>(std::max<size_t>(1, ceilDiv(B.maxCount(), P)));
-  auto piece = [B, P](int j, int i) {
-    const size_t a = std::min(B.count(j), P * i);
-    return std::make_pair(a, std::min(B.count(j), a + P) - a);
-  };
+  const Rounds R(B, P);
+  const int m = R.n;
   auto copyIn = [&](int i) {
     s.compute([=] {
-      const auto [a, n] = piece(me, i);
+      const auto [a, n] = R.piece(me, i);
       std::memcpy(w->buffer(me, w->bars + 1), buf + (B.offset(me) + a) * es, n * es);
     });
   };
@@ -387,7 +397,7 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
       const uint64_t id = w->bars;
       for (int j = 0; j < k; ++j) {
         if (j == me) continue;
-        const auto [a, n] = piece(j, i);
+        const auto [a, n] = R.piece(j, i);
         std::memcpy(buf + (B.offset(j) + a) * es, w->buffer(j, id), n * es);
       }
     });

@@ -73,6 +73,23 @@ int checkedCount(size_t count, const char* what) {
   return static_cast<int>(count);
 }
 
+// Posts a message of `bytes` as pieces of at most kMaxPiece bytes (MPI counts are int), at least
+// one even when empty: post(address, piece bytes, &request) per piece; the requests and the peer
+// are appended to reqs / peers.
+template <class Byte, class Post>
+void postInPieces(Byte* p, size_t bytes, int peer, std::vector<MPI_Request>& reqs,
+                  std::vector<int>& peers, const Post& post) {
+  do {
+    const size_t piece = bytes < kMaxPiece ? bytes : kMaxPiece;
+    MPI_Request r;
+    post(p, static_cast<int>(piece), &r);
+    reqs.push_back(r);
+    peers.push_back(peer);
+    p += piece;
+    bytes -= piece;
+  } while (bytes > 0);
+}
+
 }  // namespace
 
 MPI_Op mpiOp(DataType t, ReduceOp op) {
@@ -146,30 +163,18 @@ void MpiComm::wait(MPI_Request* reqs, int n, const int* peers, OpContext& ctx) {
 
 void MpiComm::isend(const void* buf, size_t bytes, int dst, int tag, std::vector<MPI_Request>& reqs,
                     std::vector<int>& peers) {
-  const char* p = static_cast<const char*>(buf);
-  do {
-    const size_t piece = bytes < kMaxPiece ? bytes : kMaxPiece;
-    MPI_Request r;
-    checkMpi(MPI_Isend(p, static_cast<int>(piece), MPI_BYTE, dst, tag, comm_, &r), "MPI_Isend");
-    reqs.push_back(r);
-    peers.push_back(dst);
-    p += piece;
-    bytes -= piece;
-  } while (bytes > 0);
+  postInPieces(static_cast<const char*>(buf), bytes, dst, reqs, peers,
+               [&](const char* p, int n, MPI_Request* r) {
+                 checkMpi(MPI_Isend(p, n, MPI_BYTE, dst, tag, comm_, r), "MPI_Isend");
+               });
 }
 
 void MpiComm::irecv(void* buf, size_t bytes, int src, int tag, std::vector<MPI_Request>& reqs,
                     std::vector<int>& peers) {
-  char* p = static_cast<char*>(buf);
-  do {
-    const size_t piece = bytes < kMaxPiece ? bytes : kMaxPiece;
-    MPI_Request r;
-    checkMpi(MPI_Irecv(p, static_cast<int>(piece), MPI_BYTE, src, tag, comm_, &r), "MPI_Irecv");
-    reqs.push_back(r);
-    peers.push_back(src);
-    p += piece;
-    bytes -= piece;
-  } while (bytes > 0);
+  postInPieces(static_cast<char*>(buf), bytes, src, reqs, peers,
+               [&](char* p, int n, MPI_Request* r) {
+                 checkMpi(MPI_Irecv(p, n, MPI_BYTE, src, tag, comm_, r), "MPI_Irecv");
+               });
 }
 
 void MpiComm::sendRecv(const void* sendBuf, size_t sendBytes, int dst, void* recvBuf,

@@ -198,33 +198,13 @@ const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
                             ReduceOp::kAvg};
 
-bool isFloatType(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
-         t == DataType::kBFloat16;
-}
-
 const char* name(DataType t) {
-  switch (t) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kInt8: return "int8";
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-  }
-  return "?";
+  const char* n = fourd::detail::dataTypeName(t);
+  return n != nullptr ? n : "?";
 }
 const char* name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
-  }
-  return "?";
+  const char* n = fourd::detail::reduceOpName(op);
+  return n != nullptr ? n : "?";
 }
 
 // Integer-valued data: small magnitudes for prod (products stay exact or overflow the same way on
@@ -381,7 +361,7 @@ class CudaKernels : public ::testing::Test {
 TEST_F(CudaKernels, EveryOpAndDtypeMatchesCpu) {
   for (DataType t : kAllTypes) {
     for (ReduceOp op : kAllOps) {
-      if (op == ReduceOp::kAvg && !isFloatType(t)) continue;
+      if (op == ReduceOp::kAvg && !fourd::isFloating(t)) continue;
       for (int nsrcs : {1, 2, 3, 5}) {
         for (size_t count : {size_t(1), size_t(7), size_t(1003), size_t(1) << 18}) {
           const std::string err = runCase(t, op, nsrcs, count, Layout{}, 0.0, stream_);
@@ -428,7 +408,7 @@ TEST_F(CudaKernels, InPlace) {
   lay.inPlace = true;
   for (DataType t : kAllTypes) {
     for (ReduceOp op : kAllOps) {
-      if (op == ReduceOp::kAvg && !isFloatType(t)) continue;
+      if (op == ReduceOp::kAvg && !fourd::isFloating(t)) continue;
       ASSERT_EQ(runCase(t, op, 3, 10007, lay, 0.0, stream_), "");
     }
   }
@@ -448,7 +428,7 @@ TEST_F(CudaKernels, MoreSourcesThanOneLaunch) {
   for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
                      DataType::kInt32, DataType::kUInt8}) {
     for (ReduceOp op : kAllOps) {
-      if (op == ReduceOp::kAvg && !isFloatType(t)) continue;
+      if (op == ReduceOp::kAvg && !fourd::isFloating(t)) continue;
       ASSERT_EQ(runCase(t, op, n, 1031, Layout{}, 0.0, stream_), "");
     }
   }

@@ -13,6 +13,7 @@
 #include "fourd/grid.hpp"
 #include "internal/comm_state.hpp"
 #include "internal/reduce_kernels.hpp"
+#include "../grid_shapes.hpp"
 
 using namespace fourd;
 
@@ -83,14 +84,6 @@ bool exactFor(ReduceOp op, DataType t, int groupSize) {
   return true;
 }
 
-std::vector<std::array<int, 4>> shapes(int n) {
-  std::vector<std::array<int, 4>> out;
-  for (int x = 1; x <= n; ++x)
-    for (int y = 1; y <= n; ++y)
-      for (int z = 1; z <= n; ++z)
-        if (n % (x * y * z) == 0) out.push_back({x, y, z, n / (x * y * z)});
-  return out;
-}
 
 struct Case {
   std::array<int, 4> sizes;
@@ -107,7 +100,7 @@ std::vector<Case> cases() {
   std::vector<int> rpns = {0, 1, std::max(1, n / 2)};
   if (n >= 4) rpns.push_back(3);
   int i = 0;
-  for (auto s : shapes(n)) {
+  for (auto s : test::gridShapes(n)) {
     out.push_back({s, orders[i % 3], n > 1 ? rpns[i % rpns.size()] : 0});
     ++i;
   }

@@ -6,18 +6,11 @@
 #include "fourd/error.hpp"
 #include "fourd/process_grid.hpp"
 #include "fourd/topology.hpp"
+#include "../grid_shapes.hpp"
 
 using namespace fourd;
 
 namespace {
-std::vector<std::array<int, 4>> factorizations(int n) {
-  std::vector<std::array<int, 4>> out;
-  for (int x = 1; x <= n; ++x)
-    for (int y = 1; y <= n; ++y)
-      for (int z = 1; z <= n; ++z)
-        if (n % (x * y * z) == 0) out.push_back({x, y, z, n / (x * y * z)});
-  return out;
-}
 const char* kOrders[] = {"x-y-z-data", "data-z-y-x", "z-x-data-y", "y-data-x-z"};
 }  // namespace
 
@@ -36,7 +29,7 @@ TEST(ProcessGrid, DefaultOrderXInnermost) {
 
 TEST(ProcessGrid, RoundTripAndGroupsPartitionTheWorld) {
   for (int n : {1, 2, 6, 8, 12}) {
-    for (auto sizes : factorizations(n)) {
+    for (auto sizes : test::gridShapes(n)) {
       for (const char* o : kOrders) {
         ProcessGrid g(sizes, ProcessGrid::parseOrder(o));
         for (int r = 0; r < n; ++r) EXPECT_EQ(g.rankOf(g.coords(r)), r);
