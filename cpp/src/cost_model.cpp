@@ -34,7 +34,9 @@
 //  4. Flat (the MPI or NCCL library's own collective): the best of the ring and the recursive
 //     algorithms (and recursive doubling for a short all-reduce, binomial tree for a short
 //     broadcast), except all-gather and reduce-scatter across nodes with k > 1, where NCCL and
-//     RCCL offer only rings; the result is divided by flatEfficiency.
+//     RCCL offer only rings; the result is divided by flatEfficiency (flatEfficiency16 for a
+//     float16 / bfloat16 reduction when set: the library runs those with a user-defined
+//     operator, measured 1.5-3x slower than its float32 path on the 2-core VM).
 //  5. Hierarchical (k ranks on each of N >= 2 nodes): AR = RS_intra(n) + AR_rail(n/k) +
 //     AG_intra(n); AG = AG_rail(n/k) + AG_intra(n) + a local permute of n bytes (priced
 //     alpha_i + n/memcpyBw: one more launch or synchronisation and a copy); RS = permute +
@@ -48,10 +50,30 @@
 //     segment, two barriers; AG = copy in n/k + copy out (k-1)/k n, one barrier; RS = copy in
 //     (k-1)/k n + reduce (k-1)/k n (into the output), one barrier; broadcast = copy in n +
 //     copy out n, two barriers. A barrier costs ceil(log2 p) alpha_i.
-//  7. Gamma: reduceBw is bytes of float32 input reduced per second; float16 and bfloat16 are
-//     reduced at the float32 element rate (converted), so their bytes/s halve. Other types use
-//     reduceBw as is. All-gather and broadcast have no gamma.
-//  8. p == 1 or n == 0: nothing moves, every supported algorithm predicts 0.
+//  7. Gamma: reduceBw is bytes of float32 input reduced per second (a streaming figure, see
+//     8). float16 and bfloat16 are widened to float32, added and rounded back, which costs
+//     instructions on top of the memory traffic: reduceBw16 (default reduceBw / 2, the
+//     float32 element rate) is their rate with the data in the cache, and once the data
+//     stream they also pay the stall the float32 kernel pays beyond its in-cache time:
+//     gamma16 = 1/reduceBw16 + (s - 1/cacheBwGain)/reduceBw (s of 8; 0 without a cache tier).
+//     shm reduces them with its own k-input kernel at shmReduceBw16 (default reduceBw16). The
+//     rates are the kernels' own, measured, with the node's ranks sharing its cores: on the
+//     2-core VM the 16-bit kernels run 2-3x below the float32 one in the cache. Other types
+//     use reduceBw as is. All-gather and broadcast have no gamma.
+//  8. The cache tier (CPU nodes; off when cacheBytes == 0). On a CPU node every intra-node
+//     transfer is a memory copy, and a copy whose data sit in the last-level cache runs
+//     cacheBwGain times faster than one that streams from DRAM (measured: 2.0x on the 2-core
+//     VM of bench/results). The profile's intraBw, shmBw, memcpyBw and reduceBw are the
+//     streaming figures. Each rank touches W = its input + output bytes (all-reduce 2n,
+//     all-gather and reduce-scatter n + n/p, broadcast n), every rank of the node at once
+//     (assumption 1), so the node's working set is max(R, k) W; the fraction
+//     f = min(1, cacheBytes / (max(R, k) W)) stays resident and those terms take
+//     1 - f (1 - 1/cacheBwGain) of their streaming time (memoryTimeScale). shm pipelines
+//     every message through its window (three buffers of at most 1 MiB per rank, which stay
+//     in the cache): half the bytes of each of its copies and reductions are window bytes
+//     (scaled as a working set of min(W, 4 MiB) per rank), half private input or output
+//     (scaled as W), so its scale is the mean of the two. Network (NIC) terms are not scaled.
+//  9. p == 1 or n == 0: nothing moves, every supported algorithm predicts 0.
 #include "fourd/cost_model.hpp"
 
 #include <algorithm>
@@ -153,6 +175,8 @@ struct Links {
   double bwLibCross = 1.0;    // the library's ring: the group's share of Be over all NICs
   double bwRank = 1.0;        // one rank's share of Be when every rank of the node sends
   double gamma = 0.0;         // seconds per byte reduced
+  double shmGamma = 0.0;      // the same for shm's k-input kernel
+  bool half16 = false;        // float16 / bfloat16 (the library reduces them with a user op)
   double memcpyBw = 1.0;
   double shmBw = 1.0;         // copies into / out of the shared-memory window
 
@@ -414,12 +438,12 @@ Cost shmCost(Collective c, double n, const Links& L) {
   const double others = (L.p - 1.0) / L.p;  // (k-1)/k
   switch (c) {
     case Collective::kAllReduce:
-      return {(2.0 * others + 1.0 / L.p) * copy + others * n * L.gamma + 2.0 * barrier,
+      return {(2.0 * others + 1.0 / L.p) * copy + others * n * L.shmGamma + 2.0 * barrier,
               "copy in, reduce my slice from every segment, copy out"};
     case Collective::kAllGather:
       return {copy + barrier, "copy in my block, copy out the others"};
     case Collective::kReduceScatter:
-      return {others * copy + others * n * L.gamma + barrier,
+      return {others * copy + others * n * L.shmGamma + barrier,
               "copy in, reduce my block from every segment"};
     case Collective::kBroadcast:
       return {2.0 * copy + 2.0 * barrier, "copy in, copy out"};
@@ -460,10 +484,43 @@ void checkProfile(const MachineProfile& m) {
   if (!(m.reduceBw > 0)) fail("reduceBw", "> 0 bytes/s", m.reduceBw);
   if (!(m.memcpyBw > 0)) fail("memcpyBw", "> 0 bytes/s", m.memcpyBw);
   if (!(m.flatEfficiency > 0)) fail("flatEfficiency", "> 0", m.flatEfficiency);
+  if (!(m.flatEfficiency16 >= 0)) {
+    fail("flatEfficiency16", ">= 0 (0: flatEfficiency)", m.flatEfficiency16);
+  }
   if (!(m.shmBw >= 0)) fail("shmBw", ">= 0 bytes/s (0: memcpyBw)", m.shmBw);
+  if (!(m.reduceBw16 >= 0)) fail("reduceBw16", ">= 0 bytes/s (0: reduceBw / 2)", m.reduceBw16);
+  if (!(m.shmReduceBw16 >= 0)) {
+    fail("shmReduceBw16", ">= 0 bytes/s (0: reduceBw16)", m.shmReduceBw16);
+  }
+  if (!(m.cacheBytes >= 0)) fail("cacheBytes", ">= 0 bytes (0: no cache tier)", m.cacheBytes);
+  if (!(m.cacheBwGain >= 1) || std::isinf(m.cacheBwGain)) {
+    fail("cacheBwGain", "a finite ratio >= 1", m.cacheBwGain);
+  }
 }
 
-Links makeLinks(const GroupShape& s, DataType dtype, const MachineProfile& m) {
+double timeScale(const MachineProfile& m, double nodeBytes) {
+  if (m.cacheBytes <= 0.0 || m.cacheBwGain <= 1.0) return 1.0;
+  const double resident = nodeBytes <= m.cacheBytes ? 1.0 : m.cacheBytes / nodeBytes;
+  return 1.0 - resident * (1.0 - 1.0 / m.cacheBwGain);
+}
+
+/// The most one rank touches between two barriers of shm: its three window buffers of up to
+/// 1 MiB and the tile it reduces (shm.cpp).
+constexpr double kShmWindowBytes = 4.0 * (1 << 20);
+
+/// Bytes one rank touches: its input plus its output (nccl-tests sizes, p ranks).
+double rankWorkingSet(Collective c, double n, int p) {
+  switch (c) {
+    case Collective::kAllReduce: return 2.0 * n;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter: return n + n / p;
+    case Collective::kBroadcast: return n;
+  }
+  return n;
+}
+
+Links makeLinks(Collective c, size_t nbytes, const GroupShape& s, DataType dtype,
+                const MachineProfile& m) {
   Links L;
   L.p = s.size;
   L.nodes = s.nodes;
@@ -477,10 +534,28 @@ Links makeLinks(const GroupShape& s, DataType dtype, const MachineProfile& m) {
   L.bwLibCross = be * L.k / r;
   L.bwRingCross = std::min(m.nicBw, L.bwLibCross);
   L.bwRank = std::min(m.nicBw, be / r);
+  // Memory-bound terms of the node: faster while the node's working set stays in its cache.
+  const double scale = timeScale(m, r * rankWorkingSet(c, double(nbytes), std::max(1, L.p)));
+  L.bwIntra /= scale;
+  // 16-bit reductions: their in-cache rate plus the memory stall the float32 kernel suffers
+  // beyond its in-cache time once the data stream (0 without a cache tier).
   const bool half = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
-  L.gamma = (half ? 2.0 : 1.0) / m.reduceBw;
-  L.memcpyBw = m.memcpyBw;
-  L.shmBw = m.shmBw > 0.0 ? m.shmBw : m.memcpyBw;
+  L.half16 = half;
+  const double rate16 = m.reduceBw16 > 0.0 ? m.reduceBw16 : m.reduceBw / 2.0;
+  const double resident = m.cacheBytes > 0.0 && m.cacheBwGain > 1.0 ? 1.0 / m.cacheBwGain : 1.0;
+  L.gamma = half ? 1.0 / rate16 + (scale - resident) / m.reduceBw : scale / m.reduceBw;
+  L.memcpyBw = m.memcpyBw / scale;
+  // shm pipelines every message through its window (three buffers of at most 1 MiB per rank,
+  // which stay in the cache): each copy and reduction moves half its bytes between the window
+  // and the private buffers, which stream like every other algorithm's.
+  const double window =
+      timeScale(m, r * std::min(rankWorkingSet(c, double(nbytes), std::max(1, L.p)),
+                                kShmWindowBytes));
+  const double shmScale = 0.5 * (scale + window);
+  L.shmBw = (m.shmBw > 0.0 ? m.shmBw : m.memcpyBw) / shmScale;
+  const double shmRate16 = m.shmReduceBw16 > 0.0 ? m.shmReduceBw16 : rate16;
+  L.shmGamma = half ? 1.0 / shmRate16 + (shmScale - resident) / m.reduceBw
+                    : shmScale / m.reduceBw;
   return L;
 }
 
@@ -520,7 +595,12 @@ Cost concreteCost(Collective c, Algorithm a, size_t nbytes, const Links& L,
   const double n = static_cast<double>(nbytes);
   if (L.p <= 1 || nbytes == 0) return {0.0, "nothing to move"};
   switch (a) {
-    case Algorithm::kFlat: return flatCost(c, n, L, m.flatEfficiency);
+    case Algorithm::kFlat:
+      return flatCost(c, n, L,
+                      L.half16 && m.flatEfficiency16 > 0.0 && c != Collective::kAllGather &&
+                              c != Collective::kBroadcast
+                          ? m.flatEfficiency16
+                          : m.flatEfficiency);
     case Algorithm::kRing: return ringCost(c, n, L, L.bwRingCross);
     case Algorithm::kRhd: return rhdCost(c, n, L);
     case Algorithm::kHierarchical: return hierarchicalCost(c, n, L, m);
@@ -556,7 +636,7 @@ std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataTyp
   checkEnums(collective, Algorithm::kFlat);
   checkShape(shape);
   checkProfile(profile);
-  const Links links = makeLinks(shape, dtype, profile);
+  const Links links = makeLinks(collective, nbytes, shape, dtype, profile);
   std::vector<Prediction> out;
   out.reserve(kNumAlgorithms - 1);
   for (int i = 1; i < kNumAlgorithms; ++i) {
@@ -595,8 +675,19 @@ double predict(Collective collective, Algorithm algorithm, size_t nbytes, DataTy
   checkProfile(profile);
   if (algorithm == Algorithm::kAuto) algorithm = choose(collective, nbytes, dtype, shape, profile);
   if (!supportedNoThrow(collective, algorithm, shape, nullptr)) return kInf;
-  return concreteCost(collective, algorithm, nbytes, makeLinks(shape, dtype, profile), profile)
+  return concreteCost(collective, algorithm, nbytes,
+                      makeLinks(collective, nbytes, shape, dtype, profile), profile)
       .seconds;
+}
+
+double memoryTimeScale(const MachineProfile& profile, double nodeWorkingSetBytes) {
+  checkProfile(profile);
+  if (!(nodeWorkingSetBytes >= 0)) {
+    std::ostringstream os;
+    os << "nodeWorkingSetBytes: expected >= 0 bytes; found " << nodeWorkingSetBytes;
+    throw InvalidArgument(os.str());
+  }
+  return timeScale(profile, nodeWorkingSetBytes);
 }
 
 }  // namespace fourd

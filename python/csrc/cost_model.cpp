@@ -5,14 +5,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bindings.hpp"
 #include "fourd/cost_model.hpp"
 #include "fourd/data_type.hpp"
 #include "fourd/error.hpp"
+#include "internal/reduce_kernels.hpp"
 
 namespace py = pybind11;
 using fourd::GroupShape;
@@ -28,9 +32,13 @@ std::string profileRepr(const MachineProfile& p) {
      << ", inter_alpha=" << p.interAlpha << ", nic_bw=" << p.nicBw
      << ", nics_per_node=" << p.nicsPerNode << ", reduce_bw=" << p.reduceBw
      << ", memcpy_bw=" << p.memcpyBw << ", flat_efficiency=" << p.flatEfficiency
+     << ", flat_efficiency_16=" << p.flatEfficiency16
      << ", compute_flops=" << p.computeFlops << ", memory_bytes=" << p.memoryBytes
      << ", intra_mesh=" << (p.intraMesh ? "True" : "False")
-     << ", hierarchical_chunks=" << p.hierarchicalChunks << ", shm_bw=" << p.shmBw << ")";
+     << ", hierarchical_chunks=" << p.hierarchicalChunks << ", shm_bw=" << p.shmBw
+     << ", reduce_bw_16=" << p.reduceBw16 << ", shm_reduce_bw_16=" << p.shmReduceBw16
+     << ", cache_bytes=" << p.cacheBytes
+     << ", cache_bw_gain=" << p.cacheBwGain << ")";
   return os.str();
 }
 
@@ -40,6 +48,43 @@ size_t checkedBytes(long long nbytes) {
                                  std::to_string(nbytes));
   }
   return static_cast<size_t>(nbytes);
+}
+
+/// Seconds (best of `reps`) of this build's sum kernel reducing `inputs` arrays of `nbytes`
+/// each into one, as the collectives call it: the pairwise kernel of ring / rhd (inputs == 2,
+/// many == false) or shm's k-input kernel (many == true). Calibration measures gamma with it.
+double reduceKernelSeconds(const std::string& dtypeName, long long nbytes, int inputs, int reps,
+                           bool many) {
+  const fourd::DataType dtype = fourd::parseDataType(dtypeName, "dtype");
+  const size_t es = fourd::dataTypeSize(dtype);
+  const size_t bytes = checkedBytes(nbytes);
+  if (inputs < 2 || reps < 1 || (!many && inputs != 2)) {
+    throw fourd::InvalidArgument(
+        "inputs, reps: expected reps >= 1 and inputs == 2 (pairwise) or >= 2 (many=True); "
+        "found inputs=" + std::to_string(inputs) + ", reps=" + std::to_string(reps));
+  }
+  const size_t count = bytes / es;
+  std::vector<std::vector<char>> in(static_cast<size_t>(inputs), std::vector<char>(count * es));
+  std::vector<char> out(count * es);
+  std::vector<const void*> srcs;
+  for (const auto& v : in) srcs.push_back(v.data());
+  auto once = [&] {
+    if (!many) {
+      fourd::detail::reduce2(out.data(), srcs[0], srcs[1], count, dtype, fourd::ReduceOp::kSum);
+    } else {
+      fourd::detail::reduceMany(out.data(), srcs.data(), inputs, count, dtype,
+                                fourd::ReduceOp::kSum);
+    }
+  };
+  once();  // warm: fault the pages, pick the kernel clone
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    once();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                              .count());
+  }
+  return best;
 }
 
 }  // namespace
@@ -54,7 +99,8 @@ void register_cost_model(py::module_& m) {
                        double interAlpha, double nicBw, int nicsPerNode, double reduceBw,
                        double memcpyBw, double flatEfficiency, double computeFlops,
                        double memoryBytes, bool intraMesh, int hierarchicalChunks,
-                       double shmBw) {
+                       double shmBw, double reduceBw16, double shmReduceBw16,
+                       double flatEfficiency16, double cacheBytes, double cacheBwGain) {
              MachineProfile p;
              p.name = std::move(name);
              p.ranksPerNode = ranksPerNode;
@@ -71,6 +117,11 @@ void register_cost_model(py::module_& m) {
              p.intraMesh = intraMesh;
              p.hierarchicalChunks = hierarchicalChunks;
              p.shmBw = shmBw;
+             p.reduceBw16 = reduceBw16;
+             p.shmReduceBw16 = shmReduceBw16;
+             p.flatEfficiency16 = flatEfficiency16;
+             p.cacheBytes = cacheBytes;
+             p.cacheBwGain = cacheBwGain;
              return p;
            }),
            py::kw_only(), py::arg("name") = d.name, py::arg("ranks_per_node") = d.ranksPerNode,
@@ -80,7 +131,11 @@ void register_cost_model(py::module_& m) {
            py::arg("memcpy_bw") = d.memcpyBw, py::arg("flat_efficiency") = d.flatEfficiency,
            py::arg("compute_flops") = d.computeFlops, py::arg("memory_bytes") = d.memoryBytes,
            py::arg("intra_mesh") = d.intraMesh,
-           py::arg("hierarchical_chunks") = d.hierarchicalChunks, py::arg("shm_bw") = d.shmBw)
+           py::arg("hierarchical_chunks") = d.hierarchicalChunks, py::arg("shm_bw") = d.shmBw,
+           py::arg("reduce_bw_16") = d.reduceBw16, py::arg("shm_reduce_bw_16") = d.shmReduceBw16,
+           py::arg("flat_efficiency_16") = d.flatEfficiency16,
+           py::arg("cache_bytes") = d.cacheBytes,
+           py::arg("cache_bw_gain") = d.cacheBwGain)
       .def_readwrite("name", &MachineProfile::name)
       .def_readwrite("ranks_per_node", &MachineProfile::ranksPerNode)
       .def_readwrite("intra_alpha", &MachineProfile::intraAlpha)
@@ -96,6 +151,11 @@ void register_cost_model(py::module_& m) {
       .def_readwrite("intra_mesh", &MachineProfile::intraMesh)
       .def_readwrite("hierarchical_chunks", &MachineProfile::hierarchicalChunks)
       .def_readwrite("shm_bw", &MachineProfile::shmBw)
+      .def_readwrite("reduce_bw_16", &MachineProfile::reduceBw16)
+      .def_readwrite("shm_reduce_bw_16", &MachineProfile::shmReduceBw16)
+      .def_readwrite("flat_efficiency_16", &MachineProfile::flatEfficiency16)
+      .def_readwrite("cache_bytes", &MachineProfile::cacheBytes)
+      .def_readwrite("cache_bw_gain", &MachineProfile::cacheBwGain)
       .def("node_injection_bw", &MachineProfile::nodeInjectionBw,
            "nic_bw * nics_per_node, bytes/s")
       .def("__repr__", &profileRepr);
@@ -162,6 +222,14 @@ void register_cost_model(py::module_& m) {
       },
       py::arg("collective"), py::arg("nbytes"), py::arg("dtype"), py::arg("shape"),
       py::arg("profile"), "The supported algorithm with the smallest prediction (never 'auto').");
+  m.def("reduce_kernel_seconds", &reduceKernelSeconds, py::arg("dtype"), py::arg("nbytes"),
+        py::arg("inputs") = 2, py::arg("reps") = 3, py::arg("many") = false,
+        py::call_guard<py::gil_scoped_release>(),
+        "Best-of-reps seconds of fourd's sum kernel over `inputs` arrays of `nbytes` each.");
+  m.def("memory_time_scale", &fourd::memoryTimeScale, py::arg("profile"),
+        py::arg("node_working_set_bytes"),
+        "Time multiplier (0, 1] of the memory-bound terms when the node's ranks together touch "
+        "this many bytes (1 without a cache tier).");
   m.def(
       "is_supported",
       [](const std::string& collective, const std::string& algorithm, const GroupShape& shape) {

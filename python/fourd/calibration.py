@@ -10,7 +10,7 @@ machine it runs on, identical on every rank (rank 0 decides and broadcasts):
 3. Otherwise the cached profile of this machine and layout,
    ``$XDG_CACHE_HOME/fourd/profile-<host>-<nranks>-<nodes>n[-v<rpn>].json`` (``~/.cache`` when
    unset), or, when there is none (or ``FOURD_CALIBRATE=force``), a short measurement
-   (well under a second) saved there for next time.
+   (about a second on a 2-core machine) saved there for next time.
 
 The measurement (:func:`measure`, collective over the grid's communicator):
 
@@ -18,16 +18,20 @@ The measurement (:func:`measure`, collective over the grid's communicator):
   round trip of 8 bytes) and ``intra_bw`` (4 MiB one way, latency removed);
 - the same across nodes (real or virtual) when there are several: ``inter_alpha``, ``nic_bw``
   (one flow; ``nics_per_node`` = 1);
-- rank 0's local kernels on 32 MiB arrays: ``reduce_bw`` (an element-wise float32 add, bytes of
-  one input per second, as the model's gamma counts them) and ``memcpy_bw``;
-- then real collectives (4 MiB float32 all-reduces, every group of the axis at once), each
-  fitted to the model's own formula so that ``auto`` compares the algorithms as they really run
-  here, ranks outnumbering cores included: ``intra_bw`` from fourd's ring and ``shm_bw`` from
-  fourd's shared-memory all-reduce on the widest axis that sits on one node, then
-  ``flat_efficiency`` from the library's all-reduce on the whole grid. fourd's own algorithms
-  are then priced 15% slower than measured, so `auto` leaves the library only for a clear gain
-  (one measured size is extrapolated linearly; the library's time grows faster than linearly
-  once buffers leave the caches, so the margin errs on the library's side at small sizes).
+- rank 0 alone: the node's cache tier from a copy sweep over working sets of 4 to 256 MiB
+  (:func:`measure_cache`: ``cache_bytes``, ``cache_bw_gain``), then its local kernels
+  (:func:`measure_kernels`): ``memcpy_bw`` and ``reduce_bw`` (fourd's float32 sum kernel,
+  bytes of one input per second, as the model's gamma counts them) on 32 MiB, stated as
+  streaming figures; ``reduce_bw_16`` and ``shm_reduce_bw_16`` (fourd's bfloat16 pairwise and
+  k-input kernels) on 1 MiB in the cache, times the core share when ranks outnumber cores;
+- then real collectives (4 MiB all-reduces, every group of the axis at once), each solved for
+  one figure with the model's own formula (:func:`solve_bw`), so that ``auto`` compares the
+  algorithms as they really run here, ranks outnumbering cores included: ``intra_bw`` from
+  fourd's ring and ``shm_bw`` from fourd's shared-memory all-reduce on the widest axis that
+  sits on one node, then ``flat_efficiency`` from the library's float32 all-reduce on the
+  whole grid, and ``flat_efficiency_16`` from its bfloat16 one (a user-defined operator) when
+  torch is loaded. fourd's own algorithms are then priced 15% slower than measured, so `auto`
+  leaves the library only for a clear gain.
 
 Ranks not taking part in a step wait in a sleeping barrier, so they do not steal the cores the
 measuring ranks need (ranks may outnumber cores). Every timing is the minimum over a few
@@ -39,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 
 import numpy as np
@@ -49,11 +54,14 @@ from .errors import InvalidArgumentError
 FIELDS = (
     "name", "ranks_per_node", "intra_alpha", "intra_bw", "inter_alpha", "nic_bw",
     "nics_per_node", "reduce_bw", "memcpy_bw", "flat_efficiency", "compute_flops",
-    "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw",
+    "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw", "reduce_bw_16",
+    "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain",
 )
-VERSION = 2  # bumped whenever the model or the fits change: older cache files are re-measured
+VERSION = 3  # bumped whenever the model or the fits change: older cache files are re-measured
 _PINGPONG_BYTES = 4 << 20
 _LOCAL_BYTES = 32 << 20
+_KERNEL16_BYTES = 1 << 20
+_CACHE_SWEEP = tuple((4 << 20) << i for i in range(7))  # working sets 4 MiB .. 256 MiB
 _COLLECTIVE_BYTES = 4 << 20
 _CHUNKS = 4  # hierarchical pipelining depth written into a measured profile
 # fourd's own algorithms are priced this much slower than measured, so that `auto` leaves the
@@ -172,31 +180,138 @@ def _link(comm, a: int, b: int):
     return alpha, _PINGPONG_BYTES / max(big - alpha, 1e-9)
 
 
-def _local_kernels() -> tuple:
-    n = _LOCAL_BYTES // 4
-    a = np.ones(n, np.float32)
-    b = np.ones(n, np.float32)
+def fit_cache(working_sets, bandwidths) -> tuple:
+    """(cache_bytes, cache_bw_gain) from copy bandwidths measured at growing working sets
+    (bytes touched: source + destination). The cache-resident bandwidth is the fastest seen,
+    the streaming one the largest working set's; the cache size is half the working set at
+    which the time per byte is halfway between them (the model keeps cache_bytes / W resident,
+    so that is where it predicts the halfway time), interpolated on a log scale. (0, 1), no
+    cache tier, when the bandwidth falls by less than 20%."""
+    ws = [float(w) for w in working_sets]
+    bw = [float(b) for b in bandwidths]
+    fast, slow = max(bw), bw[-1]
+    if len(ws) < 2 or fast < 1.2 * slow:
+        return 0.0, 1.0
+    mid = 0.5 * (1.0 / fast + 1.0 / slow)  # seconds per byte, halfway
+    start = bw.index(fast)
+    for i in range(start + 1, len(ws)):
+        if 1.0 / bw[i] >= mid:
+            lo, hi = 1.0 / bw[i - 1], 1.0 / bw[i]
+            frac = 0.0 if hi <= lo else min(1.0, max(0.0, (mid - lo) / (hi - lo)))
+            w_mid = ws[i - 1] * (ws[i] / ws[i - 1]) ** frac
+            return w_mid / 2.0, fast / slow
+    return 0.0, 1.0  # pragma: no cover - the last point is `slow`, so the loop returns
 
-    def best_of(f, reps=3):
-        f()
-        out = float("inf")
-        for _ in range(reps):
+
+def measure_cache() -> tuple:
+    """(cache_bytes, cache_bw_gain) of this node from a numpy copy sweep over working sets of
+    4 MiB to 256 MiB (about a quarter of a second). Run it on one rank while the node's other
+    ranks wait quietly: the cache is theirs to share when they all work."""
+    big = _CACHE_SWEEP[-1] // 2
+    src = np.ones(big // 4, np.float32)
+    dst = np.ones(big // 4, np.float32)
+    bws = []
+    for w in _CACHE_SWEEP:
+        a, b = dst[: w // 8], src[: w // 8]
+        np.copyto(a, b)
+        best = float("inf")
+        for _ in range(2 if w > (64 << 20) else 3):
             t0 = time.perf_counter()
-            f()
-            out = min(out, time.perf_counter() - t0)
-        return out
-
-    t_add = best_of(lambda: np.add(a, b, out=a))
-    t_copy = best_of(lambda: np.copyto(a, b))
-    return _LOCAL_BYTES / t_add, _LOCAL_BYTES / t_copy
+            np.copyto(a, b)
+            best = min(best, time.perf_counter() - t0)
+        bws.append(w / 2 / best)
+    return fit_cache(_CACHE_SWEEP, bws)
 
 
-def _time_collective(grid, axis, algorithm: str, reps: int = 5) -> float:
-    """Slowest rank's time of one float32 all_reduce of _COLLECTIVE_BYTES (min over reps)."""
+def streaming(rate: float, node_bytes: float, cache_bytes: float, gain: float) -> float:
+    """A rate measured with `node_bytes` touched on the node, as the model's streaming figure
+    (what it would be once the data no longer fit in the cache)."""
+    from . import _C
+
+    prof = _C.MachineProfile(cache_bytes=cache_bytes, cache_bw_gain=gain)
+    return rate * _C.memory_time_scale(prof, node_bytes)
+
+
+def kernel_working_sets(k: int) -> dict:
+    """Bytes one rank touches in each kernel of measure_kernels (inputs plus output)."""
+    kk = max(2, k)
+    piece = _KERNEL16_BYTES // kk
+    return {"memcpy_bw": 2 * _LOCAL_BYTES, "reduce_bw": 3 * _LOCAL_BYTES,
+            "reduce_bw_16": 3 * _KERNEL16_BYTES, "shm_reduce_bw_16": (kk + 1) * piece}
+
+
+def core_share(ranks_on_host: int) -> float:
+    """The share of a core each rank gets when all `ranks_on_host` ranks compute at once."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return min(1.0, cores / max(1, ranks_on_host))
+
+
+def measure_kernels(cache_bytes: float, gain: float, k: int, ranks: int = 1,
+                    share: float = 1.0) -> dict:
+    """Rates of this rank's local kernels, with `ranks` ranks of the node measuring at once:
+    memcpy_bw (numpy copy, 32 MiB) and reduce_bw (fourd's float32 sum kernel, 32 MiB) as
+    streaming figures; reduce_bw_16 (its bfloat16 pairwise kernel) and shm_reduce_bw_16 (its
+    k-input bfloat16 kernel, k >= 2) on 1 MiB, in the cache, times `share` (core_share).
+    Bytes of one input per second, as the model's gamma counts them."""
+    from . import _C
+
+    n = _LOCAL_BYTES
+    ws = {key: ranks * v for key, v in kernel_working_sets(k).items()}
+    a = np.ones(n // 4, np.float32)
+    b = np.ones(n // 4, np.float32)
+    np.copyto(a, b)
+    t_copy = min(_timed(lambda: np.copyto(a, b)) for _ in range(3))
+    out = {"memcpy_bw": streaming(n / t_copy, ws["memcpy_bw"], cache_bytes, gain)}
+    t = _C.reduce_kernel_seconds("float32", n, 2, 3)
+    out["reduce_bw"] = streaming(n / t, ws["reduce_bw"], cache_bytes, gain)
+    # 16-bit kernels: bound by their instructions, measured in the cache (1 MiB) and times
+    # `share`: the best of short runs is a run that had a core to itself, while in a
+    # collective every rank of the node reduces at once
+    m = _KERNEL16_BYTES
+    out["reduce_bw_16"] = share * m / _C.reduce_kernel_seconds("bfloat16", m, 2, 5)
+    kk = max(2, k)
+    piece = m // kk
+    t = _C.reduce_kernel_seconds("bfloat16", piece, kk, 5, True)
+    out["shm_reduce_bw_16"] = share * (kk - 1) * piece / t
+    return out
+
+
+def _timed(f) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def solve_bw(d: dict, field: str, seconds: float, algorithm: str, nbytes: int, dtype: str,
+             shape, base) -> float:
+    """The value of bandwidth `field` of profile `d` for which the model predicts `seconds` for
+    an all-reduce: the model's time is A + B / field on one node, so two predictions give it.
+    The bandwidth terms are credited at least a quarter of the time."""
+    from . import _C
+
+    def t(x):
+        return _C.predict("all_reduce", algorithm, nbytes, dtype, shape,
+                          to_native({**d, field: x}, base))
+
+    fixed = t(1e30)
+    per = t(1.0) - fixed
+    return float(per / max(seconds - fixed, 0.25 * seconds))
+
+
+def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "float32") -> float:
+    """Slowest rank's time of one all_reduce of _COLLECTIVE_BYTES (min over reps)."""
     from mpi4py import MPI
 
     comm = grid.mpi_comm
-    buf = np.ones(_COLLECTIVE_BYTES // 4, np.float32)
+    if dtype == "bfloat16":
+        import torch
+
+        buf = torch.ones(_COLLECTIVE_BYTES // 2, dtype=torch.bfloat16)
+    else:
+        buf = np.ones(_COLLECTIVE_BYTES // 4, np.float32)
     grid.all_reduce(buf, axis, algorithm=algorithm)  # warm-up (windows, sub-communicators)
     best = float("inf")
     for _ in range(reps):
@@ -235,6 +350,8 @@ def _one_node_axis(grid):
 
 def measure(grid) -> dict:
     """Measures a profile (collective over the grid's ranks); the same dict on every rank."""
+    from mpi4py import MPI
+
     from . import _C
 
     comm = grid.mpi_comm.Dup()
@@ -245,23 +362,31 @@ def measure(grid) -> dict:
         per_node = max(nodes.count(k) for k in set(nodes))
         d = profile_dict(grid._native.profile)
         d.update(name=f"calibrated:{socket.gethostname()}", ranks_per_node=per_node,
-                 nics_per_node=1, hierarchical_chunks=_CHUNKS, shm_bw=0.0, flat_efficiency=1.0)
+                 nics_per_node=1, hierarchical_chunks=_CHUNKS, shm_bw=0.0, flat_efficiency=1.0,
+                 flat_efficiency_16=0.0)
         t0 = time.perf_counter()
         intra_peer = next((r for r in range(1, n) if nodes[r] == nodes[0]), None)
         inter_peer = next((r for r in range(1, n) if nodes[r] != nodes[0]), None)
+        shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        on_host = shared.Get_size()  # ranks sharing this machine's cores (virtual nodes too)
+        shared.Free()
         intra = _link(comm, 0, intra_peer) if intra_peer is not None else None
         inter = _link(comm, 0, inter_peer) if inter_peer is not None else None
-        local = _local_kernels() if me == 0 else None
+        if me == 0:
+            cache = measure_cache()
+            local = measure_kernels(*cache, k=per_node, share=core_share(on_host))
         _quiet_barrier(comm)
         if me == 0:
-            if intra:
-                d["intra_alpha"], d["intra_bw"] = intra
+            d["cache_bytes"], d["cache_bw_gain"] = cache
+            if intra:  # two ranks, a 4 MiB buffer each: converted to the streaming figure
+                d["intra_alpha"] = intra[0]
+                d["intra_bw"] = streaming(intra[1], 2 * _PINGPONG_BYTES, *cache)
             if inter:
                 d["inter_alpha"], d["nic_bw"] = inter
             elif intra:  # one node: keep the model's inter level consistent with what was seen
                 d["inter_alpha"] = max(d["inter_alpha"], intra[0])
                 d["nic_bw"] = min(d["nic_bw"], intra[1])
-            d["reduce_bw"], d["memcpy_bw"] = local
+            d.update(local)
         d = comm.bcast(d, root=0)
         grid._native.set_profile(to_native(d, grid._native.profile))
 
@@ -271,23 +396,36 @@ def measure(grid) -> dict:
         nbytes = _COLLECTIVE_BYTES
         axis = _one_node_axis(grid)
         if axis is not None:
-            k = grid.size(axis)
-            gamma = 1.0 / d["reduce_bw"]
-            # ring all-reduce: 2(k-1) alpha + 2(k-1)/k n / intra_bw + (k-1)/k n gamma
+            shape = _shape(grid, axis)
+            base = grid._native.profile
+            # ring all-reduce: the model's 2(k-1) alpha + (k-1)/k n gamma + 2(k-1)/k n / intra_bw
+            # (scaled by the cache tier) solved for intra_bw
             t = _time_collective(grid, axis, "ring")
-            wire = t - 2 * (k - 1) * d["intra_alpha"] - (k - 1) / k * nbytes * gamma
-            d["intra_bw"] = float(2 * (k - 1) / k * nbytes / max(wire, 0.25 * t) / _MARGIN)
-            grid._native.set_profile(to_native(d, grid._native.profile))
-            # shm all-reduce: (2 - 1/k) n / shm_bw + (k-1)/k n gamma (+ two barriers)
+            d["intra_bw"] = solve_bw(d, "intra_bw", t, "ring", nbytes, "float32", shape,
+                                     base) / _MARGIN
+            grid._native.set_profile(to_native(d, base))
+            # shm all-reduce: (2 - 1/k) n / shm_bw + (k-1)/k n gamma (+ barriers), likewise
             t = _time_collective(grid, axis, "shm")
-            copy_s = t - (k - 1) / k * nbytes * gamma
-            d["shm_bw"] = float((2 - 1 / k) * nbytes / max(copy_s, 0.25 * t) / _MARGIN)
+            d["shm_bw"] = solve_bw(d, "shm_bw", t, "shm", nbytes, "float32", shape,
+                                   base) / _MARGIN
             grid._native.set_profile(to_native(d, grid._native.profile))
         if n > 1:
             measured = _time_collective(grid, "world", "flat")
             ideal = _C.predict("all_reduce", "flat", nbytes, "float32", _shape(grid, "world"),
                                to_native({"flat_efficiency": 1.0}, grid._native.profile))
             d["flat_efficiency"] = float(min(4.0, max(0.05, ideal / measured)))
+            # 16-bit floats go through the library with a user-defined operator: their own
+            # efficiency. It needs a torch bfloat16 buffer, so it is measured only when torch is
+            # already loaded (importing it would take longer than the whole calibration);
+            # otherwise flat_efficiency_16 stays 0 (= flat_efficiency). Every rank decides alike.
+            has_torch = comm.allreduce(int("torch" in sys.modules), op=MPI.MIN)
+            if has_torch:
+                measured = _time_collective(grid, "world", "flat", dtype="bfloat16")
+                ideal = _C.predict("all_reduce", "flat", nbytes, "bfloat16",
+                                   _shape(grid, "world"),
+                                   to_native({"flat_efficiency": 1.0, "flat_efficiency_16": 0.0},
+                                             grid._native.profile))
+                d["flat_efficiency_16"] = float(min(4.0, max(0.05, ideal / measured)))
         d = comm.bcast(d, root=0)
         d["calibration_seconds"] = time.perf_counter() - t0
         return d

@@ -303,6 +303,80 @@ def test_calibration_fit_recovers_a_known_profile():
     assert fit.reduce_bw == 8e9 and fit.notes["intra_bw"]
 
 
+def test_calibration_fit_recovers_the_cache_tier_and_shm():
+    # A CPU node whose transfers are 2.5x faster in its 32 MiB cache: the all-gather sizes
+    # straddle the edge, so the fit separates the streaming bandwidth from the gain.
+    truth = P.Profile(name="truth", ranks_per_node=4, intra_alpha=5e-6, intra_bw=2e9,
+                      reduce_bw=3e9, memcpy_bw=3e9, shm_bw=4e9, cache_bytes=32 * 2**20,
+                      cache_bw_gain=2.5, flat_efficiency=0.9)
+    native = truth.native()
+    shape = C.GroupShape(4, 1, 4, True)
+
+    def measure(collective, axis, algorithm, nbytes):
+        assert axis == "x"
+        return C.predict(collective, algorithm, nbytes, "float32", shape, native)
+
+    # the lone rank's copy sweep saw a smaller gain; the collective fit corrects it
+    fit = fit_profile(measure, ranks_per_node=4, nodes=1, cache=(32 * 2**20, 1.8),
+                      local={"reduce_bw": 3e9, "memcpy_bw": 3e9})
+    assert fit.cache_bytes == 32 * 2**20
+    assert fit.cache_bw_gain == pytest.approx(2.5, rel=1e-6)
+    assert fit.intra_bw == pytest.approx(2e9, rel=1e-6)
+    assert fit.intra_alpha == pytest.approx(5e-6, rel=1e-4)
+    # shm_bw comes out within 1%: the local reduce_bw was restated with the fitted gain (it was
+    # given as a streaming figure under the sweep's gain), which moves shm's gamma term a little
+    assert fit.shm_bw == pytest.approx(4e9, rel=0.02)
+    assert fit.reduce_bw != 3e9
+    assert fit.flat_efficiency == pytest.approx(0.9, rel=1e-6)
+    assert "cache edge" in fit.notes["cache_bw_gain"]
+
+
+def test_fit_cache_finds_the_edge_of_a_copy_sweep():
+    from fourd.calibration import fit_cache
+
+    mib = 2**20
+    sizes = [4 * mib * 2**i for i in range(7)]  # 4 .. 256 MiB
+    # 14 GB/s up to 64 MiB, 7 GB/s from 128 MiB on (the 2-core VM's shape): the halfway time
+    # (9.33 GB/s) falls between 64 and 128 MiB, and the cache is half that working set.
+    bws = [14e9, 14e9, 14e9, 14e9, 14e9, 7e9, 7e9]
+    cache, gain = fit_cache(sizes, bws)
+    assert gain == pytest.approx(2.0)
+    assert 32 * mib < cache < 64 * mib
+    # A flat sweep: no tier.
+    assert fit_cache(sizes, [10e9] * 7) == (0.0, 1.0)
+
+
+def test_profile_files_without_the_new_fields_load_with_defaults(tmp_path):
+    from fourd import calibration
+
+    old = {"name": "old", "ranks_per_node": 4, "intra_alpha": 1e-5, "intra_bw": 4e9,
+           "reduce_bw": 4e9, "memcpy_bw": 3e9, "shm_bw": 0.0}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    prof = P.load_profile(str(path))
+    assert (prof.cache_bytes, prof.cache_bw_gain) == (0.0, 1.0)
+    assert (prof.reduce_bw_16, prof.shm_reduce_bw_16) == (0.0, 0.0)
+    d = calibration.load(str(path))
+    native = calibration.to_native(d, C.MachineProfile())
+    assert native.cache_bytes == 0.0 and native.cache_bw_gain == 1.0
+    # ... and predict as the model did before the cache tier: 16-bit at half reduce_bw.
+    shape = C.GroupShape(4, 1, 4, True)
+    n = 1 << 20
+    f32 = C.predict("all_reduce", "ring", n, "float32", shape, native)
+    bf16 = C.predict("all_reduce", "ring", n, "bfloat16", shape, native)
+    assert bf16 - f32 == pytest.approx(0.75 * n * (2 / 4e9 - 1 / 4e9))
+
+
+def test_reduce_kernel_timer_and_memory_scale_bindings():
+    assert C.reduce_kernel_seconds("bfloat16", 1 << 16, 2, 2) > 0
+    assert C.reduce_kernel_seconds("float32", 1 << 16, 4, 2, True) > 0
+    with pytest.raises(ValueError, match="inputs"):
+        C.reduce_kernel_seconds("float32", 1024, 3, 1)
+    prof = C.MachineProfile(cache_bytes=100.0, cache_bw_gain=2.0)
+    assert C.memory_time_scale(prof, 50.0) == pytest.approx(0.5)
+    assert C.memory_time_scale(prof, 200.0) == pytest.approx(0.75)
+
+
 # ---- validation report ---------------------------------------------------------------------------
 
 

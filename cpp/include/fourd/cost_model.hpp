@@ -43,6 +43,10 @@ struct MachineProfile {
   double reduceBw = 5e9;          ///< bytes of input reduced per second by one rank (1/gamma)
   double memcpyBw = 10e9;         ///< local copy bandwidth per rank, B/s
   double flatEfficiency = 1.0;    ///< the MPI library's own collective relative to the ring model
+  /// flatEfficiency for float16 / bfloat16 reductions, which the library runs with a
+  /// user-defined operator (no MPI datatype for them): its own algorithm choice and fused
+  /// reduction do not apply, so its efficiency is measured apart; 0 means flatEfficiency.
+  double flatEfficiency16 = 0.0;
   double computeFlops = 1e12;     ///< dense matmul throughput per rank (planner only)
   double memoryBytes = 80e9;      ///< memory per rank (planner only)
   /// Direct rank-to-rank links inside a node, no switch (Perlmutter's 4 A100s): each rank's
@@ -54,9 +58,31 @@ struct MachineProfile {
   /// Copy bandwidth into and out of a node's MPI shared-memory window, B/s; 0 means memcpyBw
   /// (host buffers). For device buffers the window is in host memory: the host-device link.
   double shmBw = 0.0;
+  /// Bytes of float16 / bfloat16 input reduced per second by one rank with the pairwise kernel
+  /// of ring, rhd and hierarchical (widen, add, round), with the data in the cache; streaming
+  /// data add the float32 kernel's memory stall (cost_model.cpp, assumption 7). 0 means
+  /// reduceBw / 2, the float32 element rate.
+  double reduceBw16 = 0.0;
+  /// The same for shm's k-input kernel (all k inputs widened and summed in float32, rounded
+  /// once), which runs at its own rate; 0 means reduceBw16.
+  double shmReduceBw16 = 0.0;
+  /// The cache tier of a CPU node. intraBw, shmBw, memcpyBw and reduceBw are the figures of
+  /// data streaming from memory (large messages). When the working sets of the node's ranks
+  /// (every rank's input plus output bytes, all R ranks at once) fit in cacheBytes, those
+  /// transfers run cacheBwGain times faster; a working set W > cacheBytes keeps the fraction
+  /// cacheBytes / W resident. 0 (the default, and right for GPU nodes whose intra-node links
+  /// are not memory copies) disables the tier. Network (NIC) terms never use it.
+  double cacheBytes = 0.0;  ///< last-level cache shared by the ranks of one node, bytes
+  double cacheBwGain = 1.0;  ///< cache-resident bandwidth / streaming bandwidth, >= 1
 
   double nodeInjectionBw() const noexcept { return nicBw * nicsPerNode; }
 };
+
+/// Time multiplier (in (0, 1]) of the memory-bound terms when the ranks of one node together
+/// touch `nodeWorkingSetBytes`: 1 - f (1 - 1/cacheBwGain) with f = min(1, cacheBytes / W) the
+/// resident fraction. 1 when the profile has no cache tier. Throws InvalidArgument on a bad
+/// profile (the checks of predict()).
+double memoryTimeScale(const MachineProfile& profile, double nodeWorkingSetBytes);
 
 /// How a group is placed: `size` ranks on `nodes` nodes, `ranksPerNode` each when uniform.
 struct GroupShape {

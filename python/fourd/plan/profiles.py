@@ -35,12 +35,18 @@ class Profile:
     intra_mesh: bool = False  # direct links inside a node (no switch)
     hierarchical_chunks: int = 1
     shm_bw: float = 0.0  # B/s into/out of a node's shared-memory window; 0 = memcpy_bw
+    reduce_bw_16: float = 0.0  # B/s of float16/bfloat16 input reduced; 0 = reduce_bw / 2
+    shm_reduce_bw_16: float = 0.0  # the same by shm's k-input kernel; 0 = reduce_bw_16
+    flat_efficiency_16: float = 0.0  # flat_efficiency of 16-bit reductions; 0 = flat_efficiency
+    cache_bytes: float = 0.0  # last-level cache shared by a node's ranks; 0 = no cache tier
+    cache_bw_gain: float = 1.0  # cache-resident / streaming bandwidth of memory-bound terms
     notes: dict = field(default_factory=dict)  # field -> where the figure comes from
 
     _NATIVE_FIELDS = (
         "name", "ranks_per_node", "intra_alpha", "intra_bw", "inter_alpha", "nic_bw",
         "nics_per_node", "reduce_bw", "memcpy_bw", "flat_efficiency", "compute_flops",
-        "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw",
+        "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw", "reduce_bw_16",
+        "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain",
     )
 
     def node_injection_bw(self) -> float:

@@ -409,5 +409,148 @@ TEST(CostModelChoose, SharedMemoryWinsOnOneCpuNodeForMidSizes) {
             Algorithm::kShm);
 }
 
+// ---- the cache tier and the 16-bit reduction rates ----------------------------------------------
+
+/// unitProfile() with alpha = 0, so times are pure byte counts, and a cache tier.
+MachineProfile cachedProfile(double cacheBytes, double gain) {
+  MachineProfile m = unitProfile();
+  m.intraAlpha = 0.0;
+  m.interAlpha = 0.0;
+  m.cacheBytes = cacheBytes;
+  m.cacheBwGain = gain;
+  return m;
+}
+
+TEST(CostModelCache, MemoryTimeScaleByHand) {
+  EXPECT_DOUBLE_EQ(memoryTimeScale(unitProfile(), 1e12), 1.0);  // no tier
+  const MachineProfile m = cachedProfile(100.0, 2.0);
+  EXPECT_DOUBLE_EQ(memoryTimeScale(m, 50.0), 0.5);   // resident: 1 / gain
+  EXPECT_DOUBLE_EQ(memoryTimeScale(m, 100.0), 0.5);
+  EXPECT_DOUBLE_EQ(memoryTimeScale(m, 200.0), 0.75);  // half resident: 1 - 0.5 (1 - 1/2)
+  EXPECT_DOUBLE_EQ(memoryTimeScale(m, 400.0), 0.875);
+  EXPECT_THROW(memoryTimeScale(m, -1.0), InvalidArgument);
+}
+
+TEST(CostModelCache, RingPerByteTimeRisesAcrossTheCacheEdge) {
+  // 4 ranks on one node, all-reduce: each rank touches 2n, the node 8n. cacheBytes = 8 KiB:
+  // n = 1 KiB is resident (every memory term at gain x), n = 64 KiB streams (f = 1/64).
+  const MachineProfile flat = cachedProfile(0.0, 1.0);
+  const MachineProfile m = cachedProfile(8 * 1024.0, 2.0);
+  const GroupShape s = oneNode(4);
+  const size_t small = 1024, big = 64 * 1024;
+  const double resident = t(Collective::kAllReduce, Algorithm::kRing, small, s, m);
+  EXPECT_DOUBLE_EQ(resident, 0.5 * t(Collective::kAllReduce, Algorithm::kRing, small, s, flat));
+  const double streaming = t(Collective::kAllReduce, Algorithm::kRing, big, s, m);
+  const double scale = 1.0 - (1.0 / 64) * 0.5;
+  EXPECT_NEAR(streaming, scale * t(Collective::kAllReduce, Algorithm::kRing, big, s, flat),
+              1e-9 * streaming);
+  EXPECT_GT(streaming / big, 1.9 * resident / small);
+}
+
+TEST(CostModelCache, NetworkTermsAreNotScaled) {
+  // One rank per node on 4 nodes: the ring's every step crosses the network, whose bandwidth
+  // the cache does not change (gamma is the only memory term left).
+  MachineProfile noGamma = cachedProfile(0.0, 1.0);
+  noGamma.reduceBw = 1e30;
+  MachineProfile cached = noGamma;
+  cached.cacheBytes = 1e12;
+  cached.cacheBwGain = 4.0;
+  const GroupShape s = spanning(4, 1);
+  EXPECT_DOUBLE_EQ(t(Collective::kAllGather, Algorithm::kRing, 4096, s, cached),
+                   t(Collective::kAllGather, Algorithm::kRing, 4096, s, noGamma));
+  // Inside one node the same all-gather gets the gain.
+  EXPECT_DOUBLE_EQ(4.0 * t(Collective::kAllGather, Algorithm::kRing, 4096, oneNode(4), cached),
+                   t(Collective::kAllGather, Algorithm::kRing, 4096, oneNode(4), noGamma));
+}
+
+TEST(CostModelCache, ShmHalfStreamsHalfStaysInItsWindow) {
+  // A 64 MiB all-reduce on 4 ranks with a 16 MiB cache: the private buffers stream
+  // (f = 16 / 512), the window (4 MiB per rank, 16 MiB per node) stays resident.
+  const MachineProfile flat = cachedProfile(0.0, 1.0);
+  const MachineProfile m = cachedProfile(16.0 * (1 << 20), 2.0);
+  const size_t n = size_t(64) << 20;
+  const double full = 1.0 - (16.0 / 512) * 0.5;
+  const double expected = 0.5 * (full + 0.5);
+  EXPECT_NEAR(t(Collective::kAllReduce, Algorithm::kShm, n, oneNode(4), m),
+              expected * t(Collective::kAllReduce, Algorithm::kShm, n, oneNode(4), flat),
+              1e-9 * n);
+}
+
+TEST(CostModelGamma16, DefaultIsTheFloat32ElementRate) {
+  // reduceBw = 2 B/s: 16-bit input reduces at 1 B/s unless reduceBw16 says otherwise.
+  MachineProfile m = cachedProfile(0.0, 1.0);
+  const GroupShape s = oneNode(4);
+  const size_t n = 4096;
+  const double f32 = t(Collective::kAllReduce, Algorithm::kRing, n, s, m);
+  const double bf16 = t(Collective::kAllReduce, Algorithm::kRing, n, s, m, DataType::kBFloat16);
+  EXPECT_DOUBLE_EQ(bf16 - f32, 0.75 * n * (1.0 / 1.0 - 1.0 / 2.0));
+  m.reduceBw16 = 0.25;  // slower conversions: (k-1)/k n (1/0.25 - 1/2) more
+  const double slow = t(Collective::kAllReduce, Algorithm::kRing, n, s, m, DataType::kBFloat16);
+  EXPECT_DOUBLE_EQ(slow - f32, 0.75 * n * (4.0 - 0.5));
+  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kRing, n, s, m, DataType::kFloat16),
+                   slow);
+  // float32 and integers ignore it.
+  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kRing, n, s, m), f32);
+}
+
+TEST(CostModelGamma16, StreamingAddsTheFloat32MemoryStall) {
+  // In the cache the 16-bit rate is as measured; streaming adds (s - 1/gain) / reduceBw.
+  MachineProfile m = cachedProfile(8 * 1024.0, 2.0);
+  m.reduceBw16 = 0.5;
+  const GroupShape s = oneNode(4);
+  auto gammaPart = [&](size_t n, DataType d) {
+    MachineProfile noGamma = m;
+    noGamma.reduceBw = 1e300;
+    noGamma.reduceBw16 = 1e300;
+    return t(Collective::kAllReduce, Algorithm::kRing, n, s, m, d) -
+           t(Collective::kAllReduce, Algorithm::kRing, n, s, noGamma, d);
+  };
+  EXPECT_NEAR(gammaPart(1024, DataType::kBFloat16), 0.75 * 1024 / 0.5, 1e-6);
+  const size_t big = 64 * 1024;
+  const double scale = 1.0 - (1.0 / 64) * 0.5;
+  EXPECT_NEAR(gammaPart(big, DataType::kBFloat16), 0.75 * big * (2.0 + (scale - 0.5) / 2.0),
+              1e-6 * big);
+}
+
+TEST(CostModelGamma16, ShmKernelRateChangesOnlyShm) {
+  MachineProfile m = cachedProfile(0.0, 1.0);
+  m.reduceBw16 = 1.0;
+  MachineProfile slowShm = m;
+  slowShm.shmReduceBw16 = 0.25;
+  const GroupShape s = oneNode(4);
+  const size_t n = 4096;
+  for (Algorithm a : {Algorithm::kFlat, Algorithm::kRing, Algorithm::kRhd}) {
+    EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, a, n, s, slowShm, DataType::kBFloat16),
+                     t(Collective::kAllReduce, a, n, s, m, DataType::kBFloat16));
+  }
+  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kShm, n, s, slowShm, DataType::kBFloat16) -
+                       t(Collective::kAllReduce, Algorithm::kShm, n, s, m, DataType::kBFloat16),
+                   0.75 * n * (4.0 - 1.0));
+  // float32 is untouched by either 16-bit rate.
+  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kShm, n, s, slowShm),
+                   t(Collective::kAllReduce, Algorithm::kShm, n, s, m));
+}
+
+TEST(CostModelCache, ProfileChecksNameTheField) {
+  MachineProfile m = unitProfile();
+  m.cacheBwGain = 0.5;
+  try {
+    predict(Collective::kAllReduce, Algorithm::kRing, 64, DataType::kFloat32, oneNode(4), m);
+    FAIL() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cacheBwGain"), std::string::npos) << e.what();
+  }
+  m = unitProfile();
+  m.cacheBytes = -1.0;
+  EXPECT_THROW(
+      predict(Collective::kAllReduce, Algorithm::kRing, 64, DataType::kFloat32, oneNode(4), m),
+      InvalidArgument);
+  m = unitProfile();
+  m.reduceBw16 = -1.0;
+  EXPECT_THROW(
+      predict(Collective::kAllReduce, Algorithm::kRing, 64, DataType::kFloat32, oneNode(4), m),
+      InvalidArgument);
+}
+
 }  // namespace
 }  // namespace fourd
