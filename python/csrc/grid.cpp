@@ -140,16 +140,8 @@ py::dict topologyDict(const fourd::GroupTopology& t) {
   return d;
 }
 
-// Fast path for numpy arrays (and any buffer-protocol object): (address, count, dtype code) of
-// a C-contiguous buffer of a supported type, writable if asked; None otherwise, and the Python
-// layer then produces the precise error message.
-py::object bufferInfo(py::handle obj, bool writable) {
-  Py_buffer view;
-  const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-  if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
-    PyErr_Clear();
-    return py::none();
-  }
+// fourd's dtype code of a buffer-protocol view (fourd::DataType), or -1.
+int bufferDtype(const Py_buffer& view) {
   int code = -1;
   const char* f = view.format ? view.format : "B";
   if (*f == '=' || *f == '<' || *f == '@') ++f;
@@ -168,6 +160,20 @@ py::object bufferInfo(py::handle obj, bool writable) {
       default: break;
     }
   }
+  return code;
+}
+
+// Fast path for numpy arrays (and any buffer-protocol object): (address, count, dtype code) of
+// a C-contiguous buffer of a supported type, writable if asked; None otherwise, and the Python
+// layer then produces the precise error message.
+py::object bufferInfo(py::handle obj, bool writable) {
+  Py_buffer view;
+  const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+    PyErr_Clear();
+    return py::none();
+  }
+  const int code = bufferDtype(view);
   py::object out = py::none();
   if (code >= 0) {
     out = py::make_tuple(reinterpret_cast<uintptr_t>(view.buf),
@@ -222,6 +228,32 @@ void register_grid(py::module_& m) {
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return finish(std::move(w), async, std::move(keep));
+           })
+      .def("all_reduce_array",
+           // The blocking hot path of small messages: a writable C-contiguous buffer-protocol
+           // object (numpy) reduced in place in one call. False when the object is not one
+           // (torch tensors, other dtypes): the caller then takes the general path.
+           [](Communicator& c, py::handle obj, int op, int algorithm, double timeout, bool acc32) {
+             Py_buffer view;
+             const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE;
+             if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+               PyErr_Clear();
+               return false;
+             }
+             struct Release {
+               Py_buffer* v;
+               ~Release() { PyBuffer_Release(v); }
+             } release{&view};
+             const int code = bufferDtype(view);
+             if (code < 0) return false;
+             const size_t n = static_cast<size_t>(view.len / view.itemsize);
+             const uintptr_t p = reinterpret_cast<uintptr_t>(view.buf);
+             const CallOptions o = opts(algorithm, timeout, false, acc32);
+             released([&] {
+               return c.allReduce(buf(p, n, code, 0, 0), buf(p, n, code, 0, 0),
+                                  static_cast<fourd::ReduceOp>(op), o);
+             });
+             return true;
            })
       .def("all_gather",
            [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import os
 import threading
 import weakref
@@ -224,6 +226,9 @@ class Grid:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
             comm, opc, algc = self._plan_call(axis, op, algorithm)
+        if not async_op and type(tensor) is np.ndarray and comm.all_reduce_array(
+                tensor, opc, algc, 0.0 if timeout is None else _timeout(timeout), accumulate_fp32):
+            return None  # the common blocking numpy call, in one native call
         p, n, dt, dev, idx = resolve(tensor, "tensor", True)
         if dev:
             set_cuda_stream(idx)
