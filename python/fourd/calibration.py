@@ -28,10 +28,12 @@ The measurement (:func:`measure`, collective over the grid's communicator):
   one figure with the model's own formula (:func:`solve_bw`), so that ``auto`` compares the
   algorithms as they really run here, ranks outnumbering cores included: ``intra_bw`` from
   fourd's ring and ``shm_bw`` from fourd's shared-memory all-reduce on the widest axis that
-  sits on one node, then ``flat_efficiency`` from the library's float32 all-reduce on the
-  whole grid, and ``flat_efficiency_16`` from its bfloat16 one (a user-defined operator) when
-  torch is loaded. fourd's own algorithms are then priced 15% slower than measured, so `auto`
-  leaves the library only for a clear gain.
+  sits on one node, then ``shm_reduce_bw_16`` and ``reduce_bw_16`` from the same two in
+  bfloat16 (replacing the lone kernels' figures), then ``flat_efficiency`` from the library's
+  float32 all-reduce on the whole grid, and ``flat_efficiency_16`` from its bfloat16 one (a
+  user-defined operator). bfloat16 buffers are numpy uint16 arrays passed with the bfloat16
+  code, so no torch is needed. fourd's own algorithms are then priced 15% slower than
+  measured, so `auto` leaves the library only for a clear gain.
 
 Ranks not taking part in a step wait in a sleeping barrier, so they do not steal the cores the
 measuring ranks need (ranks may outnumber cores). Every timing is the minimum over a few
@@ -43,7 +45,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 
 import numpy as np
@@ -57,7 +58,7 @@ FIELDS = (
     "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw", "reduce_bw_16",
     "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain",
 )
-VERSION = 3  # bumped whenever the model or the fits change: older cache files are re-measured
+VERSION = 4  # bumped whenever the model or the fits change: older cache files are re-measured
 _PINGPONG_BYTES = 4 << 20
 _LOCAL_BYTES = 32 << 20
 _KERNEL16_BYTES = 1 << 20
@@ -301,23 +302,38 @@ def solve_bw(d: dict, field: str, seconds: float, algorithm: str, nbytes: int, d
     return float(per / max(seconds - fixed, 0.25 * seconds))
 
 
+_BF16_ONE = 0x3F80  # 1.0 in bfloat16 (the upper half of float32's 0x3F800000)
+
+
 def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "float32") -> float:
-    """Slowest rank's time of one all_reduce of _COLLECTIVE_BYTES (min over reps)."""
+    """Slowest rank's time of one all_reduce of _COLLECTIVE_BYTES (min over reps). bfloat16
+    runs on a numpy uint16 buffer handed to the native communicator with the bfloat16 code, so
+    that no torch is needed (importing it would take longer than the whole calibration)."""
     from mpi4py import MPI
+
+    from ._tensor import BFLOAT16
 
     comm = grid.mpi_comm
     if dtype == "bfloat16":
-        import torch
+        buf = np.full(_COLLECTIVE_BYTES // 2, _BF16_ONE, np.uint16)
+        native, opc, algc = grid._plan_call(axis, "sum", algorithm)
+        addr = buf.__array_interface__["data"][0]
 
-        buf = torch.ones(_COLLECTIVE_BYTES // 2, dtype=torch.bfloat16)
+        def once():
+            native.all_reduce(addr, addr, buf.size, BFLOAT16, 0, 0, opc, algc, 0.0, False,
+                              False, None)
     else:
         buf = np.ones(_COLLECTIVE_BYTES // 4, np.float32)
-    grid.all_reduce(buf, axis, algorithm=algorithm)  # warm-up (windows, sub-communicators)
+
+        def once():
+            grid.all_reduce(buf, axis, algorithm=algorithm)
+
+    once()  # warm-up (windows, sub-communicators)
     best = float("inf")
     for _ in range(reps):
         _quiet_barrier(comm)
         t0 = time.perf_counter()
-        grid.all_reduce(buf, axis, algorithm=algorithm)
+        once()
         best = min(best, time.perf_counter() - t0)
     return comm.allreduce(best, op=MPI.MAX)
 
@@ -408,6 +424,14 @@ def measure(grid) -> dict:
             t = _time_collective(grid, axis, "shm")
             d["shm_bw"] = solve_bw(d, "shm_bw", t, "shm", nbytes, "float32", shape,
                                    base) / _MARGIN
+            # 16-bit reduction rates from the same two collectives in bfloat16, solved after
+            # the copy terms: the kernels timed alone miss what the collectives add around them
+            # (shm's k-input kernel reads the window every rank writes at once, between
+            # barriers: 25-45% slower than the lone kernel on 2 ranks of the 2-core VM)
+            for field, algorithm in (("shm_reduce_bw_16", "shm"), ("reduce_bw_16", "ring")):
+                t = _time_collective(grid, axis, algorithm, dtype="bfloat16")
+                d[field] = solve_bw(d, field, t, algorithm, nbytes, "bfloat16", shape,
+                                    base) / _MARGIN
             grid._native.set_profile(to_native(d, grid._native.profile))
         if n > 1:
             measured = _time_collective(grid, "world", "flat")
@@ -415,17 +439,12 @@ def measure(grid) -> dict:
                                to_native({"flat_efficiency": 1.0}, grid._native.profile))
             d["flat_efficiency"] = float(min(4.0, max(0.05, ideal / measured)))
             # 16-bit floats go through the library with a user-defined operator: their own
-            # efficiency. It needs a torch bfloat16 buffer, so it is measured only when torch is
-            # already loaded (importing it would take longer than the whole calibration);
-            # otherwise flat_efficiency_16 stays 0 (= flat_efficiency). Every rank decides alike.
-            has_torch = comm.allreduce(int("torch" in sys.modules), op=MPI.MIN)
-            if has_torch:
-                measured = _time_collective(grid, "world", "flat", dtype="bfloat16")
-                ideal = _C.predict("all_reduce", "flat", nbytes, "bfloat16",
-                                   _shape(grid, "world"),
-                                   to_native({"flat_efficiency": 1.0, "flat_efficiency_16": 0.0},
-                                             grid._native.profile))
-                d["flat_efficiency_16"] = float(min(4.0, max(0.05, ideal / measured)))
+            # efficiency
+            measured = _time_collective(grid, "world", "flat", dtype="bfloat16")
+            ideal = _C.predict("all_reduce", "flat", nbytes, "bfloat16", _shape(grid, "world"),
+                               to_native({"flat_efficiency": 1.0, "flat_efficiency_16": 0.0},
+                                         grid._native.profile))
+            d["flat_efficiency_16"] = float(min(4.0, max(0.05, ideal / measured)))
         d = comm.bcast(d, root=0)
         d["calibration_seconds"] = time.perf_counter() - t0
         return d

@@ -16,13 +16,18 @@ where s(n) is the model's memory time scale for the node's working set (every ra
 bytes; 1 across nodes, where the wire is the bottleneck), so B is the streaming bandwidth and
 sizes on both sides of the cache edge (1 KiB to 32 MiB) fit one line:
 
-- x groups give intra_alpha and intra_bw;
+- x groups give intra_alpha (and the cache gain); intra_bw is then refitted on fourd's ring
+  all-reduce on x (1-64 MiB, relative least squares of the model's bandwidth term, fit_rate):
+  on few ranks an all-gather step copies slower per byte than the all-reduce's steps;
 - y groups give inter_alpha and each rank's network share b; the profile stores nic_bw = b and
   nics_per_node = ranks per node, so that nodeInjectionBw / R = b;
 - flat_efficiency = the model's flat time with efficiency 1 / the measured flat time
-  (all-gather on x at 8 and 32 MiB, geometric mean);
+  (float32 all-reduce on x at 8 and 32 MiB, geometric mean), flat_efficiency_16 likewise in
+  bfloat16;
 - shm_bw from shm all-reduces on x at the same sizes (the copy term of the model, least
   squares through the origin after the barriers and the reduction are taken off);
+- shm_reduce_bw_16 and reduce_bw_16 from bfloat16 shm and ring all-reduces on x (fit_rate),
+  when the measure takes a dtype (torch present); otherwise the kernels' figures below;
 - reduce_bw (float32), reduce_bw_16 (bfloat16, pairwise kernel), shm_reduce_bw_16 (bfloat16,
   shm's k-input kernel) from fourd's own reduction kernels and memcpy_bw from a numpy copy, every
   rank at once (fourd.calibration.measure_kernels; on a GPU, torch kernels), converted to
@@ -47,6 +52,7 @@ from .profiles import Profile, save_profile
 INTRA_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23, 1 << 25, 1 << 26)
 INTER_SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23)
 SHM_SIZES = (1 << 20, 1 << 22, 1 << 24)  # all-reduce bytes
+RING_SIZES = (1 << 20, 1 << 22, 1 << 24, 1 << 26)  # all-reduce bytes: intra_bw's final fit
 FLAT_SIZES = (1 << 23, 1 << 25)
 
 
@@ -166,6 +172,19 @@ def fit_profile(measure, *, ranks_per_node: int, nodes: int, base: Profile | Non
             notes["cache_bw_gain"] = (f"fit: {intra[3]} all-gather inside a node, sizes "
                                       "across the cache edge")
 
+    if intra is not None:
+        # The all-gather gives the latency and the cache gain; the bandwidth is then refitted
+        # on the ring all-reduce that ring, rhd and hierarchical mostly run. Per byte, the two
+        # differ on few ranks: on 2 ranks (a core each) a lone all-gather step copies slower
+        # than the all-reduce's steps, whose copies overlap with the other rank's reduction
+        # (the all-gather's fit gave a third of the all-reduce's bandwidth on the 2-core VM,
+        # half at 4 ranks).
+        bw = fit_rate(measure, prof, "intra_bw", "ring", "float32", RING_SIZES, ranks_per_node)
+        if bw is not None:
+            prof = prof.replace(intra_bw=bw)
+            notes["intra_bw"] = (f"fit: {intra[3]} all-gather inside a node (latency, cache "
+                                 "gain), then ring all-reduce 1-64 MiB (bandwidth)")
+
     inter = fit_level(measure, "y", nodes, INTER_SIZES, relative=False)
     if inter is not None:
         prof = prof.replace(inter_alpha=inter[0], nic_bw=inter[1], nics_per_node=ranks_per_node)
@@ -174,14 +193,16 @@ def fit_profile(measure, *, ranks_per_node: int, nodes: int, base: Profile | Non
     if ranks_per_node >= 2:
         c = native_module()
         shape = c.GroupShape(ranks_per_node, 1, ranks_per_node, True)
+        # on the all-reduce, like intra_bw: the library's all-gather relative to a model
+        # whose bandwidth is the all-reduce's would come out far below 1 on 2 ranks
         ratios = []
         for n in FLAT_SIZES:
-            ideal = c.predict("all_gather", "flat", n, "float32", shape,
+            ideal = c.predict("all_reduce", "flat", n, "float32", shape,
                               prof.replace(flat_efficiency=1.0).native())
-            ratios.append(ideal / measure("all_gather", "x", "flat", n))
+            ratios.append(ideal / measure("all_reduce", "x", "flat", n))
         eff = float(np.exp(np.mean(np.log(ratios))))
         prof = prof.replace(flat_efficiency=float(min(4.0, max(0.05, eff))))
-        notes["flat_efficiency"] = ("model flat time / measured flat all-gather, geometric "
+        notes["flat_efficiency"] = ("model flat time / measured flat all-reduce, geometric "
                                     "mean over 8 and 32 MiB (both sides of the cache edge)")
         # 16-bit floats: the library reduces them with a user-defined operator
         ratios = []
@@ -202,7 +223,46 @@ def fit_profile(measure, *, ranks_per_node: int, nodes: int, base: Profile | Non
         if shm is not None:
             prof = prof.replace(shm_bw=shm)
             notes["shm_bw"] = "fit: shm all-reduce inside a node (1-16 MiB)"
+        # 16-bit reduction rates from the bfloat16 all-reduces themselves, once the copy terms
+        # are fitted: a kernel timed alone does not see what the collective adds around it
+        # (shm's k-input kernel reads the window that every rank writes at once, with the
+        # rounds' barriers in between: measured 25-45% slower than the lone kernel on 2 ranks)
+        for field, algorithm, sizes in (("shm_reduce_bw_16", "shm", SHM_SIZES),
+                                        ("reduce_bw_16", "ring", RING_SIZES)):
+            if algorithm == "shm" and shm is None:
+                continue
+            rate = fit_rate(measure, prof, field, algorithm, "bfloat16", sizes, ranks_per_node)
+            if rate is not None:
+                prof = prof.replace(**{field: rate})
+                notes[field] = f"fit: {algorithm} bfloat16 all-reduce inside a node"
     return prof.replace(notes=notes)
+
+
+def fit_rate(measure, prof: Profile, field: str, algorithm: str, dtype: str, sizes, k: int):
+    """The value of rate `field` (a bandwidth, B/s) that best fits `algorithm`'s all-reduce
+    timings on x (groups of k ranks on one node) at `sizes`. The model's time is
+    fixed(n) + u(n) / field, so 1 / field is the least-squares slope through the origin of
+    t - fixed against u, residuals weighted by 1/t (relative errors, as the validation counts
+    them); the rate's terms are credited at least a quarter of each time. None when the
+    measurement cannot run here (the measure raises ValueError, or has no `dtype` argument,
+    or torch is missing for bfloat16)."""
+    c = native_module()
+    shape = c.GroupShape(k, 1, k, True)
+    fixed_prof = prof.replace(**{field: 1e30}).native()
+    unit_prof = prof.replace(**{field: 1.0}).native()
+    num = den = 0.0
+    for n in sizes:
+        try:
+            t = (measure("all_reduce", "x", algorithm, n) if dtype == "float32"
+                 else measure("all_reduce", "x", algorithm, n, dtype))
+        except (TypeError, ValueError, ImportError):
+            return None
+        fixed = c.predict("all_reduce", algorithm, n, dtype, shape, fixed_prof)
+        u = c.predict("all_reduce", algorithm, n, dtype, shape, unit_prof) - fixed
+        w = 1.0 / max(t, 1e-12) ** 2
+        num += w * u * u
+        den += w * u * max(t - fixed, 0.25 * t)
+    return float(num / den) if den > 0 else None
 
 
 def fit_shm(measure, prof: Profile, k: int):
