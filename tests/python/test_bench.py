@@ -29,7 +29,7 @@ def test_defaults_on_four_ranks():
     assert cfg.dtypes == ["float32"] and cfg.ops == ["sum"]
     assert cfg.algorithms[0] == "auto" and not cfg.algorithms_requested
     assert cfg.baselines == ["mpi", "torch"]
-    assert cfg.iters is None and cfg.warmup == 1 and cfg.check == 1
+    assert cfg.iters is None and cfg.warmup == 5 and cfg.check == 1
     assert cfg.link_rate is None
     assert cfg.timing == "iteration"
 

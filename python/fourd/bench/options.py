@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed iterations per row (default: adaptive, 3 to 20, about 50 ms of "
                         "timed work per row)")
     g.add_argument("-w", "--warmup_iters", "--warmup-iters", dest="warmup_iters", type=int,
-                   default=1, metavar="N", help="untimed warm-up iterations per row (default 1)")
+                   default=5, metavar="N",
+                   help="untimed warm-up iterations per row (default 5, as nccl-tests; the "
+                        "first row of a run gets 20 more)")
     g.add_argument("-c", "--check", type=int, default=1, metavar="N",
                    help="checked iterations per row against a closed form; 0 = no check "
                         "(#wrong shows N/A) (default 1)")
