@@ -34,6 +34,8 @@ from .options import FLOATING, ITEMSIZE, REDUCING
 TARGET_S = 0.05  # adaptive iterations: about this much timed work per row ...
 SWEEP_BUDGET_S = 20.0  # ... or less, so that the timed work of a whole sweep stays near this
 MIN_TARGET_S = 0.01
+GLOO_SETTLE_S = 1.0  # pause after a torch.distributed (gloo) cell of GLOO_SETTLE_MIN_BYTES
+GLOO_SETTLE_MIN_BYTES = 1 << 20  # or more, before anything else is measured
 FIRST_CELL_WARMUP = 20  # extra untimed calls before the first timed cell of a run
 MIN_ITERS = 3
 MAX_ITERS = 20
@@ -191,6 +193,8 @@ class Runner:
                 wrong += self._verify(impl, axis, bufs, res, op, p)
             warm = cfg.warmup if cfg.check > 0 else max(0, cfg.warmup - 1)
             if self._first_cell:
+                if any(b.library == "torch" for b in self.baselines):
+                    time.sleep(GLOO_SETTLE_S)  # gloo's process group was just made
                 # The first cell of a run follows start-up (init's calibration, the bounds'
                 # copies, baselines' set-up): measured at once, it ran 1.3-3x slower than the
                 # same algorithm's later rows. A fixed count, the same on every rank.
@@ -225,6 +229,11 @@ class Runner:
         ts[iters] = wrong
         allts = np.empty((self.world.Get_size(), iters + 1))
         self.world.Allgather(ts, allts)
+        if impl.library == "torch" and bufs.recv.nbytes >= GLOO_SETTLE_MIN_BYTES:
+            # After gloo's large collectives the machine stays busy for a while (measured: the
+            # next rows, the next size's auto row above all, ran 1.3-3x slow with 4 ranks on 2
+            # cores; 0.3 s of pause was not enough, 1-1.5 s was). Let it settle.
+            time.sleep(GLOO_SETTLE_S)
         wrong_sum = round(allts[:, iters].sum())
         us = allts[:, :iters].max(axis=0) * 1e6  # per-iteration maximum across ranks
         return {
