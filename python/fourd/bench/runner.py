@@ -229,7 +229,8 @@ class Runner:
         ts[iters] = wrong
         allts = np.empty((self.world.Get_size(), iters + 1))
         self.world.Allgather(ts, allts)
-        if impl.library == "torch" and bufs.recv.nbytes >= GLOO_SETTLE_MIN_BYTES:
+        if impl.library == "torch" and in_place and bufs.recv.nbytes >= GLOO_SETTLE_MIN_BYTES:
+            # (in place is the last placement of a row: one pause per row)
             # After gloo's large collectives the machine stays busy for a while (measured: the
             # next rows, the next size's auto row above all, ran 1.3-3x slow with 4 ranks on 2
             # cores; 0.3 s of pause was not enough, 1-1.5 s was). Let it settle.
