@@ -1,1 +1,1 @@
-/tmp/ci/.venv/bin/mpiexec -n 2 /tmp/ci/.venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_reduce --algorithm flat --baseline mpi -b 16M -e 16M -n 30 -w 3 --json bench/results/overhead_16M_np2.json
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_reduce --algorithm flat --baseline mpi -b 16M -e 16M -n 100 -w 5 --json bench/results/overhead_16M_np2.json

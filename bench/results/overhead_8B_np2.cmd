@@ -1,1 +1,1 @@
-/tmp/ci/.venv/bin/mpiexec -n 2 /tmp/ci/.venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_reduce --algorithm flat --baseline mpi -b 8 -e 8 -n 5000 -w 200 --json bench/results/overhead_8B_np2.json
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_reduce --algorithm flat --baseline mpi -b 8 -e 8 -n 5000 -w 200 --json bench/results/overhead_8B_np2.json

@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_reduce --algorithm flat --baseline mpi -b 8 -e 8 -n 20000 -w 500 --timing batch --json bench/results/overhead_8B_np2_batch.json
