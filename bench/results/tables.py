@@ -45,8 +45,9 @@ def result_table(doc: dict, hier: bool) -> str:
     if hier:
         head += ["hier vs flat", "hier vs ring", "bound (us)", "eff hier / flat"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key in sorted(cells(doc), key=lambda k: (k[0], k[1], k[2], k[3])):
-        c = cells(doc)[key]
+    by_key = cells(doc)
+    for key in sorted(by_key):
+        c = by_key[key]
         auto = c.get("auto")
         singles = {a: r for a, r in c.items() if a not in ("auto", "mpi", "torch")}
         if auto is None or not singles:

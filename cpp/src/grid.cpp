@@ -155,14 +155,13 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
 
   grid_ = ProcessGrid(config_.sizes, ProcessGrid::parseOrder(config_.order));
 
-  // 1b. How waits poll: more ranks on this machine than cores for them means yield at once.
+  // 1b. The ranks that share this machine (one split, used twice below), and how waits poll:
+  // more ranks here than cores for them means yield at once.
+  MPI_Comm nodeHandle;
+  checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &nodeHandle),
+           "MPI_Comm_split_type");
+  detail::MpiComm nodeComm(nodeHandle, true, {});
   {
-    MPI_Comm node;
-    checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &node),
-             "MPI_Comm_split_type");
-    int local = 1;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -174,7 +173,7 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
     } else if (mode == "yield") {
       detail::setOversubscribed(true);
     } else if (mode == "auto" || mode.empty()) {
-      detail::setOversubscribed(cores > 0 && local > cores);
+      detail::setOversubscribed(cores > 0 && nodeComm.size() > cores);
     } else {
       throw InvalidArgument("FOURD_POLL: expected spin, yield or auto, found '" + mode + "'");
     }
@@ -184,16 +183,10 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
   if (config_.ranksPerNode > 0) {
     topology_ = std::make_unique<Topology>(Topology::fromRanksPerNode(worldSize, config_.ranksPerNode));
   } else {
-    MPI_Comm node;
-    checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &node),
-             "MPI_Comm_split_type");
     int leader = worldRank_;
     MPI_Request r;
-    checkMpi(MPI_Ibcast(&leader, 1, MPI_INT, 0, node, &r), "MPI_Ibcast");
-    {
-      detail::MpiComm nodeComm(node, true, {});
-      nodeComm.wait(&r, 1, nullptr, ctx);
-    }
+    checkMpi(MPI_Ibcast(&leader, 1, MPI_INT, 0, nodeComm.handle(), &r), "MPI_Ibcast");
+    nodeComm.wait(&r, 1, nullptr, ctx);
     std::vector<int> nodeOf(worldSize);
     MPI_Request r2;
     checkMpi(MPI_Iallgather(&leader, 1, MPI_INT, nodeOf.data(), 1, MPI_INT, world_, &r2),
