@@ -497,7 +497,7 @@ qdisc_sent() {
   # The first "Sent" line is the root tbf's (a netem child, if any, follows it).
   awk '/Sent/ && !seen { seen = 1
       for (i = 1; i < NF; i++) { if ($(i + 1) == "bytes") b = $i; if ($(i + 1) == "pkt") p = $i } }
-    END { print b + 0, p + 0 }' <<<"$out"
+    END { printf "%.0f %.0f\n", b + 0, p + 0 }' <<<"$out"
 }
 
 # Shape for the first rate now, before the header: a kernel without netem fails here, before

@@ -57,12 +57,13 @@ done
 run default_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.bench \
   --json $OUT/default_np4.json --plot $OUT/default_np4.png
 
-# Emulated clusters (root): 2 nodes x 2 ranks and 4 nodes x 2 ranks, 4 Gbit/s per node link.
-for nodes in 2 4; do
-  run cluster_${nodes}x2 bench/cluster/run_cluster.sh --nodes $nodes --ranks-per-node 2 \
+# Emulated clusters (root), 4 Gbit/s per node link: 2 nodes x 2 ranks, 2 nodes x 3 ranks,
+# 4 nodes x 2 ranks.
+for shape in 2x2 2x3 4x2; do
+  run cluster_$shape bench/cluster/run_cluster.sh --nodes ${shape%x*} --ranks-per-node ${shape#*x} \
     --rate 4gbit --python "$PY" -- --axis world --collective all_reduce,all_gather,reduce_scatter \
-    -b 1M -e 64M -f 4 --algorithm all --json $OUT/cluster_${nodes}x2.json \
-    --csv $OUT/cluster_${nodes}x2.csv --plot $OUT/cluster_${nodes}x2.png
+    -b 1M -e 64M -f 4 --algorithm all --json $OUT/cluster_$shape.json \
+    --csv $OUT/cluster_$shape.csv --plot $OUT/cluster_$shape.png
 done
 
 # The planner's model against the 2 x 2 cluster: calibrated inside it, then the inter level set

@@ -86,17 +86,35 @@ bool overlaps(const Buffer& a, const Buffer& b) {
 
 }  // namespace
 
-Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype) const {
+Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype, bool inPlace) const {
   // Broadcast always runs the library's own; a one-rank group has nothing to choose.
   if (size() == 1 || c == Collective::kBroadcast) return Algorithm::kFlat;
-  Algorithm a = fourd::choose(c, nbytes, dtype, shapeOf(state_->topo), **state_->profile);
+  auto& memo = state_->choiceMemo;
+  const auto key = std::make_tuple(static_cast<int>(c), nbytes, static_cast<int>(dtype), inPlace);
+  std::shared_ptr<const MachineProfile> profile = *state_->profile;
+  {
+    std::lock_guard<std::mutex> lock(memo.mu);
+    if (memo.profile != profile) {
+      memo.choices.clear();
+      memo.profile = profile;
+    }
+    const auto it = memo.choices.find(key);
+    if (it != memo.choices.end()) return it->second;
+  }
+  Algorithm a = fourd::choose(c, nbytes, dtype, shapeOf(state_->topo), *profile, inPlace);
   // Only built-in algorithms can be chosen.
   if (detail::algorithmImpl(a) == nullptr) a = Algorithm::kFlat;
+  std::lock_guard<std::mutex> lock(memo.mu);
+  if (memo.profile == profile) {
+    if (memo.choices.size() >= 4096) memo.choices.clear();  // bounded: sizes vary per call
+    memo.choices.emplace(key, a);
+  }
   return a;
 }
 
-std::vector<Prediction> Communicator::explain(Collective c, size_t nbytes, DataType dtype) const {
-  auto preds = candidates(c, nbytes, dtype, shapeOf(state_->topo), **state_->profile);
+std::vector<Prediction> Communicator::explain(Collective c, size_t nbytes, DataType dtype,
+                                              bool inPlace) const {
+  auto preds = candidates(c, nbytes, dtype, shapeOf(state_->topo), **state_->profile, inPlace);
   for (auto& p : preds) {
     if (c == Collective::kBroadcast && p.algorithm != Algorithm::kFlat && p.supported) {
       p.supported = false;
@@ -114,14 +132,14 @@ namespace {
 
 // Resolves `requested` to a concrete algorithm that can run (never kAuto), or throws.
 Algorithm resolveAlgorithm(Communicator& comm, Collective c, size_t nbytes, DataType dtype,
-                           Algorithm requested) {
+                           Algorithm requested, bool inPlace) {
   if (c == Collective::kBroadcast) return Algorithm::kFlat;
   if (requested == Algorithm::kAuto) {
     if (const char* env = std::getenv("FOURD_ALGORITHM")) {
       if (*env) requested = parseAlgorithm(env, "FOURD_ALGORITHM");
     }
   }
-  if (requested == Algorithm::kAuto) return comm.choose(c, nbytes, dtype);
+  if (requested == Algorithm::kAuto) return comm.choose(c, nbytes, dtype, inPlace);
   if (comm.size() == 1) return Algorithm::kFlat;
   const auto* impl = detail::algorithmImpl(requested);
   if (impl == nullptr) {
@@ -419,7 +437,8 @@ std::shared_ptr<Work> Communicator::allReduce(const Buffer& in, const Buffer& ou
   if (!cuda) {
     spec.algorithm = in.count == 0 ? Algorithm::kFlat
                                    : resolveAlgorithm(*this, Collective::kAllReduce, in.bytes(),
-                                                      in.dtype, opts.algorithm);
+                                                      in.dtype, opts.algorithm,
+                                                      in.data == out.data);
   }
   if (!cuda && (in.count == 0 || size() == 1)) {
     if (in.data != out.data && in.bytes()) std::memcpy(out.data, in.data, in.bytes());
@@ -453,7 +472,8 @@ std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& ou
   if (!cuda) {
     spec.algorithm = in.count == 0 ? Algorithm::kFlat
                                    : resolveAlgorithm(*this, Collective::kAllGather, out.bytes(),
-                                                      in.dtype, opts.algorithm);
+                                                      in.dtype, opts.algorithm,
+                                                      in.data == myBlock.data);
   }
   if (!cuda && (in.count == 0 || size() == 1) && !state_->debug) {
     if (in.data != out.data && in.bytes()) std::memmove(out.data, in.data, in.bytes());
@@ -491,7 +511,7 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
   if (!cuda) {
     spec.algorithm = out.count == 0 ? Algorithm::kFlat
                                     : resolveAlgorithm(*this, Collective::kReduceScatter, in.bytes(),
-                                                       in.dtype, opts.algorithm);
+                                                       in.dtype, opts.algorithm, inPlace);
   }
   if (!cuda && (out.count == 0 || size() == 1) && !state_->debug) {
     if (out.bytes() && out.data != in.data) std::memmove(out.data, in.data, out.bytes());

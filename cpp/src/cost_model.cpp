@@ -74,6 +74,14 @@
 //     (scaled as a working set of min(W, 4 MiB) per rank), half private input or output
 //     (scaled as W), so its scale is the mean of the two. Network (NIC) terms are not scaled.
 //  9. p == 1 or n == 0: nothing moves, every supported algorithm predicts 0.
+// 10. Measured corrections (MachineProfile::corrections, written by the init calibration):
+//     where the profile holds points for a call's collective, algorithm, group size, node
+//     count, dtype class (16-bit or not) and placement (in place or not), the prediction is
+//     multiplied by measured / predicted, interpolated linearly in log(n) between the
+//     measured sizes, held below the smallest, and faded back to 1 over the two octaves
+//     above the largest. The fitted figures above get the shape
+//     right; the 10-30% effects they miss (how the ranks of a node share its cores and cache
+//     in each algorithm's access pattern) decide between shm, ring and rhd on one node.
 #include "fourd/cost_model.hpp"
 
 #include <algorithm>
@@ -496,7 +504,54 @@ void checkProfile(const MachineProfile& m) {
   if (!(m.cacheBwGain >= 1) || std::isinf(m.cacheBwGain)) {
     fail("cacheBwGain", "a finite ratio >= 1", m.cacheBwGain);
   }
+  for (size_t i = 0; i < m.corrections.size(); ++i) {
+    const Correction& c = m.corrections[i];
+    const std::string at = "corrections[" + std::to_string(i) + "].";
+    const int ci = static_cast<int>(c.collective), ai = static_cast<int>(c.algorithm);
+    if (ci < 0 || ci > 3) fail((at + "collective").c_str(), "0..3", ci);
+    if (ai < 1 || ai >= kNumAlgorithms) fail((at + "algorithm").c_str(), "a concrete algorithm", ai);
+    if (c.groupSize < 1) fail((at + "groupSize").c_str(), ">= 1", c.groupSize);
+    if (c.nodes < 1 || c.nodes > c.groupSize) fail((at + "nodes").c_str(), "1..groupSize", c.nodes);
+    if (!(c.nbytes > 0) || std::isinf(c.nbytes)) fail((at + "nbytes").c_str(), "> 0 bytes", c.nbytes);
+    if (!(c.factor > 0) || std::isinf(c.factor)) fail((at + "factor").c_str(), "a finite ratio > 0", c.factor);
+  }
 }
+
+/// Octaves beyond the largest measured size over which a correction fades back to the model.
+constexpr double kCorrectionFadeOctaves = 2.0;
+
+/// Interpolates log(factor) linearly in log(nbytes) between the matching points of the
+/// profile; constant below the first; beyond the last it fades linearly (in log(factor) over
+/// log2 size) back to 1 within kCorrectionFadeOctaves: a measurement says little about
+/// messages many times larger, where other effects (the caches' capacity) take over and the
+/// model's own terms know more. 1 when none match.
+double interpolatedCorrection(const MachineProfile& m, Collective c, Algorithm a,
+                              const GroupShape& s, bool half, bool inPlace, double n) {
+  const Correction* below = nullptr;  // the largest point at or below n
+  const Correction* above = nullptr;  // the smallest point above n
+  for (const Correction& x : m.corrections) {
+    if (x.collective != c || x.algorithm != a || x.groupSize != s.size || x.nodes != s.nodes ||
+        x.half16 != half || x.inPlace != inPlace) {
+      continue;
+    }
+    if (x.nbytes <= n) {
+      if (!below || x.nbytes > below->nbytes) below = &x;
+    } else if (!above || x.nbytes < above->nbytes) {
+      above = &x;
+    }
+  }
+  if (!below && !above) return 1.0;
+  if (!below) return above->factor;
+  if (below->nbytes == n) return below->factor;
+  if (!above) {
+    const double fade = std::max(0.0, 1.0 - std::log2(n / below->nbytes) / kCorrectionFadeOctaves);
+    return std::exp(fade * std::log(below->factor));
+  }
+  const double t = std::log(n / below->nbytes) / std::log(above->nbytes / below->nbytes);
+  return std::exp((1.0 - t) * std::log(below->factor) + t * std::log(above->factor));
+}
+
+bool isHalf(DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; }
 
 double timeScale(const MachineProfile& m, double nodeBytes) {
   if (m.cacheBytes <= 0.0 || m.cacheBwGain <= 1.0) return 1.0;
@@ -631,8 +686,20 @@ bool isSupported(Collective collective, Algorithm algorithm, const GroupShape& s
   return supportedNoThrow(collective, algorithm, shape, reason);
 }
 
+double correctionFactor(const MachineProfile& profile, Collective collective,
+                        Algorithm algorithm, const GroupShape& shape, DataType dtype,
+                        bool inPlace, size_t nbytes) {
+  checkEnums(collective, algorithm);
+  checkShape(shape);
+  checkProfile(profile);
+  if (nbytes == 0 || profile.corrections.empty()) return 1.0;
+  return interpolatedCorrection(profile, collective, algorithm, shape, isHalf(dtype), inPlace,
+                                static_cast<double>(nbytes));
+}
+
 std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataType dtype,
-                                   const GroupShape& shape, const MachineProfile& profile) {
+                                   const GroupShape& shape, const MachineProfile& profile,
+                                   bool inPlace) {
   checkEnums(collective, Algorithm::kFlat);
   checkShape(shape);
   checkProfile(profile);
@@ -647,6 +714,17 @@ std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataTyp
       Cost c = concreteCost(collective, pr.algorithm, nbytes, links, profile);
       pr.seconds = c.seconds;
       pr.reason = std::move(c.note);
+      if (nbytes > 0 && !profile.corrections.empty()) {
+        pr.correction = interpolatedCorrection(profile, collective, pr.algorithm, shape,
+                                               isHalf(dtype), inPlace, double(nbytes));
+        if (pr.correction != 1.0) {
+          pr.seconds *= pr.correction;
+          std::ostringstream os;
+          os.precision(3);
+          os << "; x" << pr.correction << " measured";
+          pr.reason += os.str();
+        }
+      }
     } else {
       pr.seconds = kInf;
     }
@@ -656,10 +734,10 @@ std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataTyp
 }
 
 Algorithm choose(Collective collective, size_t nbytes, DataType dtype, const GroupShape& shape,
-                 const MachineProfile& profile) {
+                 const MachineProfile& profile, bool inPlace) {
   Algorithm best = Algorithm::kFlat;
   double bestSeconds = kInf;
-  for (const Prediction& pr : candidates(collective, nbytes, dtype, shape, profile)) {
+  for (const Prediction& pr : candidates(collective, nbytes, dtype, shape, profile, inPlace)) {
     if (pr.supported && pr.seconds < bestSeconds) {
       best = pr.algorithm;
       bestSeconds = pr.seconds;
@@ -669,15 +747,20 @@ Algorithm choose(Collective collective, size_t nbytes, DataType dtype, const Gro
 }
 
 double predict(Collective collective, Algorithm algorithm, size_t nbytes, DataType dtype,
-               const GroupShape& shape, const MachineProfile& profile) {
+               const GroupShape& shape, const MachineProfile& profile, bool inPlace) {
   checkEnums(collective, algorithm);
   checkShape(shape);
   checkProfile(profile);
-  if (algorithm == Algorithm::kAuto) algorithm = choose(collective, nbytes, dtype, shape, profile);
+  if (algorithm == Algorithm::kAuto) {
+    algorithm = choose(collective, nbytes, dtype, shape, profile, inPlace);
+  }
   if (!supportedNoThrow(collective, algorithm, shape, nullptr)) return kInf;
-  return concreteCost(collective, algorithm, nbytes,
-                      makeLinks(collective, nbytes, shape, dtype, profile), profile)
-      .seconds;
+  const double t = concreteCost(collective, algorithm, nbytes,
+                                makeLinks(collective, nbytes, shape, dtype, profile), profile)
+                       .seconds;
+  if (nbytes == 0 || shape.size <= 1 || profile.corrections.empty()) return t;
+  return t * interpolatedCorrection(profile, collective, algorithm, shape, isHalf(dtype),
+                                    inPlace, double(nbytes));
 }
 
 double memoryTimeScale(const MachineProfile& profile, double nodeWorkingSetBytes) {

@@ -38,8 +38,62 @@ std::string profileRepr(const MachineProfile& p) {
      << ", hierarchical_chunks=" << p.hierarchicalChunks << ", shm_bw=" << p.shmBw
      << ", reduce_bw_16=" << p.reduceBw16 << ", shm_reduce_bw_16=" << p.shmReduceBw16
      << ", cache_bytes=" << p.cacheBytes
-     << ", cache_bw_gain=" << p.cacheBwGain << ")";
+     << ", cache_bw_gain=" << p.cacheBwGain << ", corrections=<" << p.corrections.size()
+     << " points>)";
   return os.str();
+}
+
+py::dict correctionToDict(const fourd::Correction& c) {
+  py::dict d;
+  d["collective"] = fourd::collectiveName(c.collective);
+  d["algorithm"] = fourd::algorithmName(c.algorithm);
+  d["group_size"] = c.groupSize;
+  d["nodes"] = c.nodes;
+  d["half16"] = c.half16;
+  d["in_place"] = c.inPlace;
+  d["nbytes"] = c.nbytes;
+  d["factor"] = c.factor;
+  return d;
+}
+
+/// A list of dicts with the keys of correctionToDict (all required).
+std::vector<fourd::Correction> correctionsFrom(const py::object& seq) {
+  std::vector<fourd::Correction> out;
+  size_t i = 0;
+  for (const py::handle item : seq) {
+    const std::string at = "corrections[" + std::to_string(i++) + "]";
+    if (!py::isinstance<py::dict>(item)) {
+      throw fourd::InvalidArgument(at + ": expected a dict with collective, algorithm, "
+                                   "group_size, nodes, half16, in_place, nbytes, factor");
+    }
+    const auto d = py::reinterpret_borrow<py::dict>(item);
+    auto get = [&](const char* key) -> py::object {
+      if (!d.contains(key)) throw fourd::InvalidArgument(at + ": missing key '" + key + "'");
+      return d[key];
+    };
+    fourd::Correction c;
+    c.collective = fourd::parseCollective(get("collective").cast<std::string>(),
+                                          (at + ".collective").c_str());
+    c.algorithm = fourd::parseAlgorithm(get("algorithm").cast<std::string>(),
+                                        (at + ".algorithm").c_str());
+    if (c.algorithm == fourd::Algorithm::kAuto) {
+      throw fourd::InvalidArgument(at + ".algorithm: expected a concrete algorithm, found 'auto'");
+    }
+    c.groupSize = get("group_size").cast<int>();
+    c.nodes = get("nodes").cast<int>();
+    c.half16 = get("half16").cast<bool>();
+    c.inPlace = get("in_place").cast<bool>();
+    c.nbytes = get("nbytes").cast<double>();
+    c.factor = get("factor").cast<double>();
+    out.push_back(c);
+  }
+  return out;
+}
+
+py::list correctionsTo(const MachineProfile& p) {
+  py::list out;
+  for (const auto& c : p.corrections) out.append(correctionToDict(c));
+  return out;
 }
 
 size_t checkedBytes(long long nbytes) {
@@ -100,7 +154,8 @@ void register_cost_model(py::module_& m) {
                        double memcpyBw, double flatEfficiency, double computeFlops,
                        double memoryBytes, bool intraMesh, int hierarchicalChunks,
                        double shmBw, double reduceBw16, double shmReduceBw16,
-                       double flatEfficiency16, double cacheBytes, double cacheBwGain) {
+                       double flatEfficiency16, double cacheBytes, double cacheBwGain,
+                       const py::object& corrections) {
              MachineProfile p;
              p.name = std::move(name);
              p.ranksPerNode = ranksPerNode;
@@ -122,6 +177,7 @@ void register_cost_model(py::module_& m) {
              p.flatEfficiency16 = flatEfficiency16;
              p.cacheBytes = cacheBytes;
              p.cacheBwGain = cacheBwGain;
+             p.corrections = correctionsFrom(corrections);
              return p;
            }),
            py::kw_only(), py::arg("name") = d.name, py::arg("ranks_per_node") = d.ranksPerNode,
@@ -135,7 +191,7 @@ void register_cost_model(py::module_& m) {
            py::arg("reduce_bw_16") = d.reduceBw16, py::arg("shm_reduce_bw_16") = d.shmReduceBw16,
            py::arg("flat_efficiency_16") = d.flatEfficiency16,
            py::arg("cache_bytes") = d.cacheBytes,
-           py::arg("cache_bw_gain") = d.cacheBwGain)
+           py::arg("cache_bw_gain") = d.cacheBwGain, py::arg("corrections") = py::list())
       .def_readwrite("name", &MachineProfile::name)
       .def_readwrite("ranks_per_node", &MachineProfile::ranksPerNode)
       .def_readwrite("intra_alpha", &MachineProfile::intraAlpha)
@@ -156,6 +212,11 @@ void register_cost_model(py::module_& m) {
       .def_readwrite("flat_efficiency_16", &MachineProfile::flatEfficiency16)
       .def_readwrite("cache_bytes", &MachineProfile::cacheBytes)
       .def_readwrite("cache_bw_gain", &MachineProfile::cacheBwGain)
+      .def_property(
+          "corrections", &correctionsTo,
+          [](MachineProfile& p, const py::object& seq) { p.corrections = correctionsFrom(seq); },
+          "Measured corrections of the model: a list of dicts (collective, algorithm, "
+          "group_size, nodes, half16, in_place, nbytes, factor = measured / predicted).")
       .def("node_injection_bw", &MachineProfile::nodeInjectionBw,
            "nic_bw * nics_per_node, bytes/s")
       .def("__repr__", &profileRepr);
@@ -182,6 +243,7 @@ void register_cost_model(py::module_& m) {
       .def_property_readonly("algorithm",
                              [](const Prediction& p) { return fourd::algorithmName(p.algorithm); })
       .def_readonly("seconds", &Prediction::seconds)
+      .def_readonly("correction", &Prediction::correction)
       .def_readonly("supported", &Prediction::supported)
       .def_readonly("reason", &Prediction::reason)
       .def("__repr__", [](const Prediction& p) {
@@ -195,33 +257,34 @@ void register_cost_model(py::module_& m) {
   m.def(
       "predict",
       [](const std::string& collective, const std::string& algorithm, long long nbytes,
-         const std::string& dtype, const GroupShape& shape, const MachineProfile& profile) {
+         const std::string& dtype, const GroupShape& shape, const MachineProfile& profile,
+         bool inPlace) {
         return fourd::predict(fourd::parseCollective(collective),
                               fourd::parseAlgorithm(algorithm), checkedBytes(nbytes),
-                              fourd::parseDataType(dtype), shape, profile);
+                              fourd::parseDataType(dtype), shape, profile, inPlace);
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("nbytes"), py::arg("dtype"),
-      py::arg("shape"), py::arg("profile"),
+      py::arg("shape"), py::arg("profile"), py::arg("in_place") = false,
       "Predicted seconds of one collective; inf when the algorithm cannot run on the shape.");
   m.def(
       "candidates",
       [](const std::string& collective, long long nbytes, const std::string& dtype,
-         const GroupShape& shape, const MachineProfile& profile) {
+         const GroupShape& shape, const MachineProfile& profile, bool inPlace) {
         return fourd::candidates(fourd::parseCollective(collective), checkedBytes(nbytes),
-                                 fourd::parseDataType(dtype), shape, profile);
+                                 fourd::parseDataType(dtype), shape, profile, inPlace);
       },
       py::arg("collective"), py::arg("nbytes"), py::arg("dtype"), py::arg("shape"),
-      py::arg("profile"), "Every concrete algorithm with its prediction, in enum order.");
+      py::arg("profile"), py::arg("in_place") = false, "Every concrete algorithm with its prediction, in enum order.");
   m.def(
       "choose",
       [](const std::string& collective, long long nbytes, const std::string& dtype,
-         const GroupShape& shape, const MachineProfile& profile) {
+         const GroupShape& shape, const MachineProfile& profile, bool inPlace) {
         return std::string(fourd::algorithmName(
             fourd::choose(fourd::parseCollective(collective), checkedBytes(nbytes),
-                          fourd::parseDataType(dtype), shape, profile)));
+                          fourd::parseDataType(dtype), shape, profile, inPlace)));
       },
       py::arg("collective"), py::arg("nbytes"), py::arg("dtype"), py::arg("shape"),
-      py::arg("profile"), "The supported algorithm with the smallest prediction (never 'auto').");
+      py::arg("profile"), py::arg("in_place") = false, "The supported algorithm with the smallest prediction (never 'auto').");
   m.def("reduce_kernel_seconds", &reduceKernelSeconds, py::arg("dtype"), py::arg("nbytes"),
         py::arg("inputs") = 2, py::arg("reps") = 3, py::arg("many") = false,
         py::call_guard<py::gil_scoped_release>(),

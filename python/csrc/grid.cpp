@@ -288,23 +288,31 @@ void register_grid(py::module_& m) {
              released([&] { return c.barrier(o); });
            })
       .def("choose",
-           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype) {
-             return std::string(fourd::algorithmName(
-                 c.choose(fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype))));
-           })
+           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
+              bool inPlace) {
+             return std::string(fourd::algorithmName(c.choose(
+                 fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype), inPlace)));
+           },
+           py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
+           py::arg("in_place") = false)
       .def("explain",
-           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype) {
+           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
+              bool inPlace) {
              py::list out;
-             for (const auto& p : c.explain(fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype))) {
+             for (const auto& p : c.explain(fourd::parseCollective(coll), nbytes,
+                                            fourd::parseDataType(dtype), inPlace)) {
                py::dict d;
                d["algorithm"] = fourd::algorithmName(p.algorithm);
                d["predicted_s"] = p.seconds;
+               d["correction"] = p.correction;
                d["supported"] = p.supported;
                d["reason"] = p.reason;
                out.append(d);
              }
              return out;
-           });
+           },
+           py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
+           py::arg("in_place") = false);
 
   py::class_<Grid>(m, "Grid")
       .def(py::init([](intptr_t commF, std::vector<int> sizes, const std::string& order, int rpn,

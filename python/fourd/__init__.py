@@ -77,9 +77,9 @@ def barrier(axis="world", *, grid=None, timeout=None):
     return _g(grid).barrier(axis, timeout=timeout)
 
 
-def explain(collective, nbytes, axis="world", *, grid=None, dtype="float32"):
+def explain(collective, nbytes, axis="world", *, grid=None, dtype="float32", in_place=False):
     """The algorithms `auto` considers for this call, their predicted times, and its choice."""
-    return _g(grid).explain(collective, nbytes, axis, dtype)
+    return _g(grid).explain(collective, nbytes, axis, dtype, in_place)
 
 
 def calibrate(*args, **kwargs):

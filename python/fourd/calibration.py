@@ -10,7 +10,7 @@ machine it runs on, identical on every rank (rank 0 decides and broadcasts):
 3. Otherwise the cached profile of this machine and layout,
    ``$XDG_CACHE_HOME/fourd/profile-<host>-<nranks>-<nodes>n[-v<rpn>].json`` (``~/.cache`` when
    unset), or, when there is none (or ``FOURD_CALIBRATE=force``), a short measurement
-   (about a second on a 2-core machine) saved there for next time.
+   (2-3 seconds on a 2-core machine) saved there for next time.
 
 The measurement (:func:`measure`, collective over the grid's communicator):
 
@@ -32,12 +32,18 @@ The measurement (:func:`measure`, collective over the grid's communicator):
   bfloat16 (replacing the lone kernels' figures), then ``flat_efficiency`` from the library's
   float32 all-reduce on the whole grid, and ``flat_efficiency_16`` from its bfloat16 one (a
   user-defined operator). bfloat16 buffers are numpy uint16 arrays passed with the bfloat16
-  code, so no torch is needed. fourd's own algorithms are then priced 5% slower than
-  measured, so `auto` leaves the library only for a clear gain.
+  code, so no torch is needed;
+- last, measured corrections of the model (:func:`measure_corrections`): every algorithm that
+  can run on that one-node axis, timed at a few sizes, both dtypes and both placements,
+  stored as measured / predicted (``corrections``, applied by cost_model.cpp).
+
+fourd's own algorithms are priced 5% slower than measured, so `auto` leaves the library only
+for a clear gain.
 
 Ranks not taking part in a step wait in a sleeping barrier, so they do not steal the cores the
-measuring ranks need (ranks may outnumber cores). Every timing is the minimum over a few
-repetitions, which is the figure least disturbed by other load on the machine.
+measuring ranks need (ranks may outnumber cores). Ping-pongs and kernels take the minimum over
+a few repetitions (the figure least disturbed by other load); collectives the median
+repetition of the slowest rank.
 """
 
 from __future__ import annotations
@@ -56,15 +62,24 @@ FIELDS = (
     "name", "ranks_per_node", "intra_alpha", "intra_bw", "inter_alpha", "nic_bw",
     "nics_per_node", "reduce_bw", "memcpy_bw", "flat_efficiency", "compute_flops",
     "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw", "reduce_bw_16",
-    "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain",
+    "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain", "corrections",
 )
-VERSION = 5  # bumped whenever the model or the fits change: older cache files are re-measured
+VERSION = 6  # bumped whenever the model or the fits change: older cache files are re-measured
 _PINGPONG_BYTES = 4 << 20
 _LOCAL_BYTES = 32 << 20
 _KERNEL16_BYTES = 1 << 20
 _CACHE_SWEEP = tuple((4 << 20) << i for i in range(7))  # working sets 4 MiB .. 256 MiB
 _COLLECTIVE_BYTES = 4 << 20
 _CHUNKS = 4  # hierarchical pipelining depth written into a measured profile
+# Measured corrections of the model (measure_corrections): all-reduce sizes, and interleaved
+# rounds per size (fewer for the largest, which dominate the time).
+_CORRECTION_SIZES = (64 << 10, 512 << 10, 4 << 20, 16 << 20)
+_CORRECTION_ROUNDS = 5
+_CORRECTION_LARGE = 4 << 20  # from this size: fewer rounds, more untimed calls before each
+_CORRECTION_ROUNDS_LARGE = 2
+_CORRECTION_WARM_LARGE = 4
+_PRUNE = 1.25  # algorithms this much slower than the best at a size are not measured larger
+_BATCH_S = 2e-3  # a timed batch of calls lasts at least this long (barrier skew amortised)
 # fourd's own algorithms are priced this much slower than measured, so that `auto` leaves the
 # MPI library only for a gain beyond the noise (the cache tier of the model now carries what a
 # larger margin used to: times that grow faster than linearly once buffers leave the caches).
@@ -89,7 +104,7 @@ def to_native(d: dict, base):
     merged = profile_dict(base)
     for k, v in d.items():
         if k in merged:
-            merged[k] = type(merged[k])(v)
+            merged[k] = list(v) if k == "corrections" else type(merged[k])(v)
     return _C.MachineProfile(**merged)
 
 
@@ -343,6 +358,100 @@ def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "fl
     return float(np.median(slowest))
 
 
+def measure_corrections(grid, axis, margin: float = 1.0) -> list:
+    """Measured / predicted all-reduce times of every algorithm that can run on `axis`, at
+    _CORRECTION_SIZES, float32 and bfloat16, out of place and in place: the profile's
+    ``corrections`` (cost_model.hpp, Correction). Collective over the grid's ranks.
+
+    The model prices the algorithms from a few fitted figures; on a node whose cores the ranks
+    share, the choice between shm, ring and rhd turns on 10-30% effects it does not capture.
+    These points pin each algorithm's prediction to its measured time at the sizes measured
+    (interpolated in between; see cost_model.hpp beyond). Each round times every (algorithm, placement)
+    once, in an order rotated from round to round so that drifting load falls on all alike:
+    untimed calls first, a barrier, then a batch of calls lasting at least _BATCH_S (its
+    length agreed by all ranks); the slowest rank's time; the median round. An algorithm more
+    than _PRUNE times slower than the best at a size of _CORRECTION_LARGE or more is not
+    measured at the larger ones (its last factor holds there). fourd's own algorithms are multiplied by `margin` (the
+    library's are not)."""
+    from mpi4py import MPI
+
+    from . import _C
+    from ._tensor import BFLOAT16, FLOAT32
+
+    comm = grid.mpi_comm
+    shape = _shape(grid, axis)
+    prof = to_native({"corrections": []}, grid._native.profile)
+    ex = grid.explain("all_reduce", _CORRECTION_SIZES[-1], axis)
+    algs = [c["algorithm"] for c in ex["candidates"] if c["supported"]]
+    out = []
+    for dtype, code, np_dtype, one in (("float32", FLOAT32, np.float32, 1.0),
+                                       ("bfloat16", BFLOAT16, np.uint16, _BF16_ONE)):
+        active = list(algs)
+        for nbytes in _CORRECTION_SIZES:
+            count = nbytes // np.dtype(np_dtype).itemsize
+            src = np.full(count, one, np_dtype)
+            dst = np.empty_like(src)
+            calls = []
+            for alg in active:
+                native, opc, algc = grid._plan_call(axis, "sum", alg)
+                for in_place in (False, True):
+                    a_in = src.__array_interface__["data"][0]
+                    a_out = a_in if in_place else dst.__array_interface__["data"][0]
+
+                    def call(native=native, a_in=a_in, a_out=a_out, opc=opc, algc=algc):
+                        native.all_reduce(a_in, a_out, count, code, 0, 0, opc, algc, 0.0,
+                                          False, False, None)
+                    calls.append((alg, in_place, call))
+            large = nbytes >= _CORRECTION_LARGE
+            if large:  # one call is a batch; warm-up happens before each timing
+                batch = [1] * len(calls)
+                rounds, warm = _CORRECTION_ROUNDS_LARGE, _CORRECTION_WARM_LARGE
+            else:  # how many calls make _BATCH_S (the slowest rank's estimate, agreed)
+                est = np.empty(len(calls))
+                for i, (_, _, call) in enumerate(calls):
+                    call()
+                    t0 = time.perf_counter()
+                    call()
+                    est[i] = time.perf_counter() - t0
+                comm.Allreduce(MPI.IN_PLACE, est, op=MPI.MAX)
+                batch = [max(1, min(64, int(np.ceil(_BATCH_S / max(e, 1e-7))))) for e in est]
+                rounds, warm = _CORRECTION_ROUNDS, 1
+            times = np.empty((rounds, len(calls)))
+            for r in range(rounds):
+                for j in range(len(calls)):
+                    i = (j + r) % len(calls)
+                    call, m = calls[i][2], batch[i]
+                    # Untimed calls first: the first calls after another algorithm ran up to
+                    # 2x slower (16 MiB on 2 ranks: rhd settles over 4-12 calls, ring and shm
+                    # over 1-3), and a run of calls of one algorithm, as in training or in
+                    # fourd.bench, does not pay that.
+                    for _ in range(warm):
+                        call()
+                    comm.Barrier()  # every rank works here; a sleeping one would start cold
+                    t0 = time.perf_counter()
+                    for _ in range(m):
+                        call()
+                    times[r, i] = (time.perf_counter() - t0) / m
+            comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # the same figures on every rank
+            med = np.median(times, axis=0)
+            fastest = {}
+            for i, (alg, in_place, _) in enumerate(calls):
+                fastest[alg] = min(fastest.get(alg, np.inf), float(med[i]))
+                model = _C.predict("all_reduce", alg, nbytes, dtype, shape, prof, in_place)
+                if not (model > 0 and np.isfinite(model)):
+                    continue
+                factor = float(med[i]) / model * (1.0 if alg == "flat" else margin)
+                out.append({"collective": "all_reduce", "algorithm": alg,
+                            "group_size": int(shape.size), "nodes": int(shape.nodes),
+                            "half16": dtype == "bfloat16", "in_place": in_place,
+                            "nbytes": float(nbytes), "factor": min(10.0, max(0.1, factor)),
+                            "measured_s": float(med[i])})
+            if large:  # below, latency and caches decide: no guide to the larger sizes
+                best = min(fastest.values())
+                active = [a for a in active if fastest[a] <= _PRUNE * best]
+    return out
+
+
 def _shape(grid, axis):
     from . import _C
 
@@ -450,6 +559,11 @@ def measure(grid) -> dict:
                                to_native({"flat_efficiency": 1.0, "flat_efficiency_16": 0.0},
                                          grid._native.profile))
             d["flat_efficiency_16"] = float(min(4.0, max(0.05, ideal / measured)))
+        d = comm.bcast(d, root=0)
+        grid._native.set_profile(to_native(d, grid._native.profile))
+        # Last, with every fitted figure in place: measured corrections of the model on the
+        # node's groups, where the algorithms' real differences are smallest and matter most.
+        d["corrections"] = measure_corrections(grid, axis, _MARGIN) if axis is not None else []
         d = comm.bcast(d, root=0)
         d["calibration_seconds"] = time.perf_counter() - t0
         return d

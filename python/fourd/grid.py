@@ -292,10 +292,13 @@ class Grid:
     def barrier(self, axis="world", *, timeout=None):
         self._comm(axis_mask(axis)).barrier(_timeout(timeout))
 
-    def explain(self, collective: str, nbytes: int, axis="world", dtype: str = "float32") -> dict:
-        """The candidates `auto` considers for this call, with predicted times, and its choice."""
+    def explain(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
+                in_place: bool = False) -> dict:
+        """The candidates `auto` considers for this call, with predicted times, and its choice.
+        `in_place`: the call's output is its input (all_reduce), or holds it as this rank's
+        block (all_gather, reduce_scatter); measured corrections of the model may differ."""
         comm = self._comm(axis_mask(axis))
-        rows = comm.explain(collective, int(nbytes), dtype)
+        rows = comm.explain(collective, int(nbytes), dtype, bool(in_place))
         code = self._axis_algorithms.get(axis_mask(axis))
         planned = next(k for k, v in ALGORITHMS.items() if v == code) if code else None
         forced = planned or os.environ.get("FOURD_ALGORITHM") or None
@@ -304,14 +307,16 @@ class Grid:
             "nbytes": int(nbytes),
             "axis": mask_name(axis_mask(axis)),
             "dtype": dtype,
+            "in_place": bool(in_place),
             "topology": comm.topology["description"],
             "candidates": rows,
-            "choice": forced or comm.choose(collective, int(nbytes), dtype),
+            "choice": forced or comm.choose(collective, int(nbytes), dtype, bool(in_place)),
             "forced_by_env": forced is not None and planned is None,
             "set_by_plan": planned is not None,
         }
 
-    def algorithm_for(self, collective: str, nbytes: int, axis="world", dtype: str = "float32") -> str:
+    def algorithm_for(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
+                      in_place: bool = False) -> str:
         """The algorithm a call with algorithm="auto" runs: the axis default set by a plan, else
         FOURD_ALGORITHM, else the cost model's choice."""
         mask = axis_mask(axis)
@@ -321,7 +326,7 @@ class Grid:
         forced = os.environ.get("FOURD_ALGORITHM")
         if forced:
             return forced
-        return self._comm(mask).choose(collective, int(nbytes), dtype)
+        return self._comm(mask).choose(collective, int(nbytes), dtype, bool(in_place))
 
     def finalize(self, timeout: float | None = None) -> bool:
         """Wait for operations in flight (up to the timeout), then free the communicators."""

@@ -487,3 +487,39 @@ def test_hierarchical_advantage_grows_with_nodes_as_in_pccl():
         sel = [r["speedup_vs_flat"] for r in rows
                if r["collective"] == coll and r["bytes"] == 16 << 20]
         assert sel == sorted(sel) and sel[0] > 1 and sel[-1] > 10 * sel[0] / 2
+
+
+def _point(alg, nbytes, factor, in_place=False, half16=False, group_size=4, nodes=1):
+    return {"collective": "all_reduce", "algorithm": alg, "group_size": group_size,
+            "nodes": nodes, "half16": half16, "in_place": in_place, "nbytes": float(nbytes),
+            "factor": factor}
+
+
+def test_measured_corrections_bind_scale_predictions_and_round_trip(tmp_path):
+    from fourd import calibration
+
+    shape = C.GroupShape(4, 1, 4, True)
+    n = 1 << 20
+    plain = C.MachineProfile()
+    prof = C.MachineProfile(corrections=[_point("ring", n, 2.0, in_place=True)])
+    assert prof.corrections == [_point("ring", n, 2.0, in_place=True)]
+    ring = C.predict("all_reduce", "ring", n, "float32", shape, plain)
+    assert C.predict("all_reduce", "ring", n, "float32", shape, prof, True) == pytest.approx(2 * ring)
+    assert C.predict("all_reduce", "ring", n, "float32", shape, prof, False) == pytest.approx(ring)
+    rows = {p.algorithm: p for p in C.candidates("all_reduce", n, "float32", shape, prof, True)}
+    assert rows["ring"].correction == 2.0 and "measured" in rows["ring"].reason
+    assert rows["rhd"].correction == 1.0
+    # A profile file keeps them (extra keys such as measured_s are ignored by the binding).
+    path = tmp_path / "p.json"
+    calibration.save({"name": "t", "corrections": [{**_point("shm", n, 0.5), "measured_s": 1e-3}]},
+                     str(path))
+    native = calibration.to_native(calibration.load(str(path)), plain)
+    assert native.corrections == [_point("shm", n, 0.5)]
+    # Bad points are refused, naming what is wrong.
+    with pytest.raises(ValueError, match="missing key 'factor'"):
+        C.MachineProfile(corrections=[{k: v for k, v in _point("ring", n, 1.0).items() if k != "factor"}])
+    with pytest.raises(ValueError, match="auto"):
+        C.MachineProfile(corrections=[_point("auto", n, 1.0)])
+    bad = C.MachineProfile(corrections=[_point("ring", n, -1.0)])
+    with pytest.raises(ValueError, match=r"corrections\[0\]\.factor"):
+        C.predict("all_reduce", "ring", n, "float32", shape, bad)

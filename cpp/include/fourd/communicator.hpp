@@ -58,8 +58,9 @@ class Communicator {
   std::shared_ptr<Work> barrier(const CallOptions& opts = {});
 
   /// The algorithm `auto` picks for this call, and every candidate with its predicted time.
-  Algorithm choose(Collective c, size_t nbytes, DataType dtype) const;
-  std::vector<Prediction> explain(Collective c, size_t nbytes, DataType dtype) const;
+  Algorithm choose(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
+  std::vector<Prediction> explain(Collective c, size_t nbytes, DataType dtype,
+                                  bool inPlace = false) const;
 
   bool poisoned() const noexcept;
   std::string poisonReason() const;

@@ -31,6 +31,23 @@ Collective parseCollective(const std::string& s, const char* argName = "collecti
 const char* algorithmName(Algorithm a);
 Algorithm parseAlgorithm(const std::string& s, const char* argName = "algorithm");
 
+/// A measured correction of the model (calibration.py writes them): for one collective and
+/// algorithm on groups of `groupSize` ranks over `nodes` nodes, 16-bit floats or not, in place
+/// or not, the measured time at `nbytes` over the model's prediction. The model's structure
+/// (how time grows with the message, the group, the topology) stays; these points pin it to
+/// what the algorithms really do on the machine where they were measured (tuning tables, as
+/// MPI libraries keep).
+struct Correction {
+  Collective collective = Collective::kAllReduce;
+  Algorithm algorithm = Algorithm::kFlat;
+  int groupSize = 2;
+  int nodes = 1;
+  bool half16 = false;   ///< float16 / bfloat16 (their own reduction kernels)
+  bool inPlace = false;  ///< the output is the input buffer
+  double nbytes = 0.0;   ///< message size measured (nccl-tests convention), > 0
+  double factor = 1.0;   ///< measured / predicted, > 0
+};
+
 /// Costs of one machine. Seconds and bytes per second (1e9 = 1 GB/s).
 struct MachineProfile {
   std::string name = "default";
@@ -74,6 +91,12 @@ struct MachineProfile {
   /// are not memory copies) disables the tier. Network (NIC) terms never use it.
   double cacheBytes = 0.0;  ///< last-level cache shared by the ranks of one node, bytes
   double cacheBwGain = 1.0;  ///< cache-resident bandwidth / streaming bandwidth, >= 1
+  /// Measured corrections (see Correction). A prediction is multiplied by the factor of the
+  /// points that match its collective, algorithm, group size, nodes, dtype class and
+  /// placement, interpolated linearly in log(size) between the measured sizes, held below the
+  /// smallest and faded back to 1 over the two octaves above the largest; 1 where no point
+  /// matches. Empty by default.
+  std::vector<Correction> corrections;
 
   double nodeInjectionBw() const noexcept { return nicBw * nicsPerNode; }
 };
@@ -95,7 +118,8 @@ struct GroupShape {
 /// One candidate of a selection.
 struct Prediction {
   Algorithm algorithm = Algorithm::kFlat;
-  double seconds = 0.0;
+  double seconds = 0.0;     ///< the model's time times `correction`
+  double correction = 1.0;  ///< the measured correction applied (1: none matched)
   bool supported = true;
   std::string reason;  ///< why unsupported, or a short note on the phases
 };
@@ -106,14 +130,20 @@ bool isSupported(Collective collective, Algorithm algorithm, const GroupShape& s
 
 /// Predicted time in seconds. Returns +infinity when unsupported.
 double predict(Collective collective, Algorithm algorithm, size_t nbytes, DataType dtype,
-               const GroupShape& shape, const MachineProfile& profile);
+               const GroupShape& shape, const MachineProfile& profile, bool inPlace = false);
 
 /// Every concrete algorithm (not kAuto) with its prediction, in enum order.
 std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataType dtype,
-                                   const GroupShape& shape, const MachineProfile& profile);
+                                   const GroupShape& shape, const MachineProfile& profile,
+                                   bool inPlace = false);
 
 /// The supported algorithm with the smallest prediction (ties: the lower enum value).
 Algorithm choose(Collective collective, size_t nbytes, DataType dtype, const GroupShape& shape,
-                 const MachineProfile& profile);
+                 const MachineProfile& profile, bool inPlace = false);
+
+/// The correction factor of `profile` for one call (1 when no point matches).
+double correctionFactor(const MachineProfile& profile, Collective collective,
+                        Algorithm algorithm, const GroupShape& shape, DataType dtype,
+                        bool inPlace, size_t nbytes);
 
 }  // namespace fourd

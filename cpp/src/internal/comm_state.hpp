@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "fourd/buffer.hpp"
@@ -96,6 +97,16 @@ class CommState {
 
   /// Per-algorithm state (for example shared-memory windows), keyed by name.
   std::map<std::string, std::shared_ptr<void>> cache;
+
+  /// auto's choice for (collective, bytes, dtype, in place), remembered for the profile it was
+  /// made with: the model and its corrections cost microseconds per call, a lookup does not.
+  /// The stored profile pointer keeps that profile alive, so a new one never shares its
+  /// address; a different profile empties the memo.
+  struct ChoiceMemo {
+    std::mutex mu;
+    std::shared_ptr<const MachineProfile> profile;
+    std::map<std::tuple<int, size_t, int, bool>, Algorithm> choices;
+  } choiceMemo;
 
   // Defaults and reliability.
   double defaultTimeout = 300.0;

@@ -37,6 +37,10 @@ MIN_TARGET_S = 0.01
 GLOO_SETTLE_S = 1.0  # pause after a torch.distributed (gloo) cell of GLOO_SETTLE_MIN_BYTES
 GLOO_SETTLE_MIN_BYTES = 1 << 20  # or more, before anything else is measured
 FIRST_CELL_WARMUP = 20  # extra untimed calls before the first timed cell of a run
+LONG_CALL_S = 100e-6  # calls at least this long (the slowest rank's) ...
+LONG_CALL_WARMUP = 12  # ... get at least this many warm-up calls
+REWARM_S = 0.2  # after a pause (GLOO_SETTLE_S): untimed calls for about this long ...
+REWARM_MAX_CALLS = 400  # ... but no more than this many
 MIN_ITERS = 3
 MAX_ITERS = 20
 # fourd errors raised by argument validation, before any communication: the same at every size.
@@ -101,6 +105,7 @@ class Runner:
         self._failed: dict = {}  # (library/algorithm, axis, coll, dtype, op, in_place) -> reason
         self._cache: dict = {}
         self._first_cell = True
+        self._rewarm = False  # the next cell follows a pause: warm the machine up again
         self.wrong_total = 0
         self.cells = self.total_cells()
         self.target_s = target_seconds(self.cells)
@@ -204,11 +209,31 @@ class Runner:
                 call()
                 est = time.perf_counter() - t0
         self._first_cell = False
+        if self._rewarm:
+            # The cell right after a pause ran 10-30% slower than the same algorithm a moment
+            # later (ranks that slept find cold caches and idle cores): calls for REWARM_S
+            # first, as many on every rank (the slowest rank's estimate decides).
+            self._rewarm = False
+            agree = np.array([1.0 if local_err else 0.0, est])
+            self.world.Allreduce(MPI.IN_PLACE, agree, op=MPI.MAX)
+            if agree[0] == 0:
+                for _ in range(int(min(REWARM_MAX_CALLS, math.ceil(REWARM_S / max(agree[1], 1e-6))))):
+                    t0 = time.perf_counter()
+                    call()
+                    est = time.perf_counter() - t0
         flags = np.array([1.0 if local_err else 0.0, est])
         self.world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
         if flags[0] > 0:
             reasons = self.world.allgather(local_err)
             return None, next((r for r in reasons if r), "failed on another rank")
+        if flags[1] >= LONG_CALL_S and cfg.warmup < LONG_CALL_WARMUP:
+            # Long calls (the slowest rank's last warm-up, agreed above) get at least
+            # LONG_CALL_WARMUP: after another algorithm ran, the point-to-point algorithms took
+            # about 10 calls to reach their steady speed (8-16 MiB, 2 ranks), so with 5 the
+            # first cell of a row (auto's) read up to 1.15x slower than the same algorithm's
+            # own cell later in the row.
+            for _ in range(LONG_CALL_WARMUP - cfg.warmup):
+                call()
         if cfg.iters is None:
             iters = int(min(MAX_ITERS, max(MIN_ITERS, math.ceil(self.target_s / max(flags[1], 1e-9)))))
         else:
@@ -235,6 +260,7 @@ class Runner:
             # next rows, the next size's auto row above all, ran 1.3-3x slow with 4 ranks on 2
             # cores; 0.3 s of pause was not enough, 1-1.5 s was). Let it settle.
             time.sleep(GLOO_SETTLE_S)
+            self._rewarm = True
         wrong_sum = round(allts[:, iters].sum())
         us = allts[:, :iters].max(axis=0) * 1e6  # per-iteration maximum across ranks
         return {
@@ -304,11 +330,15 @@ class Runner:
         bufs = Buffers(coll, dtype, count, p, check.NUMPY_STORAGE[dtype])
         opname = op if coll in REDUCING else "none"
         real_op = op if coll in REDUCING else "sum"
-        try:
-            explained = self.grid.explain(coll, nbytes, axis.name, dtype=dtype)
-        except Exception as e:  # noqa: BLE001 - an older core without explain for this collective
-            explained = {"candidates": [], "choice": None, "error": str(e)}
-        cands = {c["algorithm"]: c for c in explained.get("candidates", [])}
+        # What auto runs, per placement (measured corrections of the model may differ).
+        explained = {}
+        for in_place in (False, True):
+            try:
+                explained[in_place] = self.grid.explain(coll, nbytes, axis.name, dtype=dtype,
+                                                        in_place=in_place)
+            except Exception as e:  # noqa: BLE001 - a collective explain does not cover
+                explained[in_place] = {"candidates": [], "choice": None, "error": str(e)}
+        cands = {c["algorithm"]: c for c in explained[False].get("candidates", [])}
         # What fourd.explain accepts can differ between the groups of an axis (uneven nodes);
         # run an algorithm only where every group accepts it (one Allreduce per size).
         ok = np.array([0 if (i.algorithm in cands and not cands[i.algorithm].get("supported", True))
@@ -363,7 +393,7 @@ class Runner:
                     cells[in_place] = reason
                     continue
                 row = self._row(coll, axis, info, impl, dtype, opname, size, nbytes, count,
-                                in_place, stats, bnd, explained, cands)
+                                in_place, stats, bnd, explained[in_place])
                 cells[in_place] = row
             if any(isinstance(v, dict) for v in cells.values()):
                 group.append((impl, cells))
@@ -392,7 +422,8 @@ class Runner:
         self._cache.clear()
 
     def _row(self, coll, axis, info, impl, dtype, opname, size, nbytes, count, in_place, stats,
-             bnd, explained, cands):
+             bnd, explained):
+        cands = {c["algorithm"]: c for c in explained.get("candidates", [])}
         p = axis.group_size
         algbw, busbw = bounds.bandwidths(coll, nbytes, p, stats["time_us"] * 1e-6)
         row = {

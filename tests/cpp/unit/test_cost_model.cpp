@@ -552,5 +552,110 @@ TEST(CostModelCache, ProfileChecksNameTheField) {
       InvalidArgument);
 }
 
+// ---- measured corrections (assumption 10) ------------------------------------------------
+
+Correction point(Algorithm a, double nbytes, double factor, bool inPlace = false,
+                 bool half16 = false, int groupSize = 4, int nodes = 1) {
+  Correction c;
+  c.collective = Collective::kAllReduce;
+  c.algorithm = a;
+  c.groupSize = groupSize;
+  c.nodes = nodes;
+  c.half16 = half16;
+  c.inPlace = inPlace;
+  c.nbytes = nbytes;
+  c.factor = factor;
+  return c;
+}
+
+double ringAR(size_t n, const MachineProfile& m, bool inPlace = false,
+              DataType dt = DataType::kFloat32) {
+  return predict(Collective::kAllReduce, Algorithm::kRing, n, dt, oneNode(4), m, inPlace);
+}
+
+TEST(CostModelCorrections, ExactAtPointsInterpolatedInLogSizeHeldBelowFadedAbove) {
+  const MachineProfile plain = unitProfile();
+  MachineProfile m = plain;
+  m.corrections = {point(Algorithm::kRing, 1024, 0.5), point(Algorithm::kRing, 4096, 2.0)};
+  // At the points: exactly the factor.
+  EXPECT_DOUBLE_EQ(ringAR(1024, m), 0.5 * ringAR(1024, plain));
+  EXPECT_DOUBLE_EQ(ringAR(4096, m), 2.0 * ringAR(4096, plain));
+  // Halfway in log size (2048): the geometric mean of the factors, 1.
+  EXPECT_NEAR(ringAR(2048, m), ringAR(2048, plain), 1e-9 * ringAR(2048, plain));
+  // Below the smallest point: held.
+  EXPECT_DOUBLE_EQ(ringAR(64, m), 0.5 * ringAR(64, plain));
+  // Above the largest: one octave fades log(factor) halfway, two octaves back to the model.
+  EXPECT_NEAR(ringAR(8192, m) / ringAR(8192, plain), std::sqrt(2.0), 1e-12);
+  EXPECT_DOUBLE_EQ(ringAR(16384, m), ringAR(16384, plain));
+  EXPECT_DOUBLE_EQ(ringAR(1 << 20, m), ringAR(1 << 20, plain));
+}
+
+TEST(CostModelCorrections, OnlyMatchingPointsApply) {
+  const MachineProfile plain = unitProfile();
+  MachineProfile m = plain;
+  m.corrections = {point(Algorithm::kRing, 1024, 3.0, /*inPlace=*/true)};
+  // Another placement, dtype class, algorithm, group size or collective: the plain model.
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, false), ringAR(1024, plain));
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kBFloat16),
+                   ringAR(1024, plain, true, DataType::kBFloat16));
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, true), 3.0 * ringAR(1024, plain));
+  EXPECT_DOUBLE_EQ(
+      predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32, oneNode(4), m, true),
+      predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32, oneNode(4), plain, true));
+  EXPECT_DOUBLE_EQ(
+      predict(Collective::kAllReduce, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(2), m, true),
+      predict(Collective::kAllReduce, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(2), plain, true));
+  EXPECT_DOUBLE_EQ(
+      predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(4), m, true),
+      predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(4), plain, true));
+  m.corrections.push_back(point(Algorithm::kRing, 1024, 0.25, true, /*half16=*/true));
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kFloat16),
+                   0.25 * ringAR(1024, plain, true, DataType::kFloat16));
+}
+
+TEST(CostModelCorrections, TheyDecideTheChoiceAndExplainShowsThem) {
+  MachineProfile m = unitProfile();
+  const size_t n = 1 << 20;
+  const Algorithm plainChoice =
+      choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true);
+  // Make every other candidate measured 10x slower than predicted: the plain choice stays; then
+  // make the plain choice 100x slower: it loses.
+  for (Algorithm a : kConcrete) {
+    if (a != plainChoice) m.corrections.push_back(point(a, double(n), 10.0, true));
+  }
+  EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true), plainChoice);
+  m.corrections.push_back(point(plainChoice, double(n), 100.0, true));
+  EXPECT_NE(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true), plainChoice);
+  // Out of place has no points: the plain model's choice.
+  EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, false), plainChoice);
+  for (const Prediction& p :
+       candidates(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true)) {
+    if (!p.supported) continue;
+    EXPECT_GT(p.correction, 1.0) << algorithmName(p.algorithm);
+    EXPECT_NE(p.reason.find("measured"), std::string::npos) << p.reason;
+    EXPECT_DOUBLE_EQ(p.correction, correctionFactor(m, Collective::kAllReduce, p.algorithm,
+                                                    oneNode(4), DataType::kFloat32, true, n));
+  }
+}
+
+TEST(CostModelCorrections, BadPointsThrowNamingTheField) {
+  auto expectField = [](const Correction& c, const char* field) {
+    MachineProfile m = unitProfile();
+    m.corrections = {c};
+    try {
+      predict(Collective::kAllReduce, Algorithm::kRing, 64, DataType::kFloat32, oneNode(4), m);
+      FAIL() << "no exception for " << field;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  expectField(point(Algorithm::kRing, 0.0, 1.0), "corrections[0].nbytes");
+  expectField(point(Algorithm::kRing, 64, 0.0), "corrections[0].factor");
+  expectField(point(Algorithm::kRing, 64, std::numeric_limits<double>::infinity()),
+              "corrections[0].factor");
+  expectField(point(Algorithm::kAuto, 64, 1.0), "corrections[0].algorithm");
+  expectField(point(Algorithm::kRing, 64, 1.0, false, false, 2, 3), "corrections[0].nodes");
+}
+
 }  // namespace
 }  // namespace fourd

@@ -266,6 +266,39 @@ def test_auto_always_picks_a_supported_algorithm():
         fourd.finalize()
 
 
+def test_auto_follows_measured_corrections_per_placement_at_once():
+    from fourd import calibration
+
+    g = fourd.init(x=N, ranks_per_node=N)  # one node: flat, ring, rhd and shm compete
+    if N == 1:
+        fourd.finalize()
+        return
+    n = 1 << 20
+    saved = g._native.profile
+    g._native.set_profile(calibration.to_native({"corrections": []}, saved))
+    plain_out = g.explain("all_reduce", n, "x")["choice"]  # the model alone
+    for winner in ("ring", "rhd"):
+        # Every other algorithm measured 100x slower in place than the model says.
+        corr = [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
+                 "half16": False, "in_place": True, "nbytes": float(n), "factor": 100.0}
+                for a in ("flat", "ring", "rhd", "shm") if a != winner]
+        g._native.set_profile(calibration.to_native({"corrections": corr}, saved))
+        e = g.explain("all_reduce", n, "x", in_place=True)
+        assert e["choice"] == winner and e["in_place"], e
+        assert g.algorithm_for("all_reduce", n, "x", in_place=True) == winner
+        rows = {r["algorithm"]: r for r in e["candidates"]}
+        assert rows[winner]["correction"] == 1.0 and all(
+            rows[a]["correction"] == 100.0 for a in ("flat", "ring", "rhd", "shm") if a != winner)
+        # Out of place has no points: the model's choice.
+        assert g.explain("all_reduce", n, "x")["choice"] == plain_out
+        # auto runs (the per-communicator memo follows the new profile) and is exact.
+        t = make(np.int32, values(ME, n // 4))
+        fourd.all_reduce(t, "x", algorithm="auto")
+        check(t, oracle("sum", g.ranks("x"), n // 4), "sum", np.int32, f"auto ({winner})")
+    g._native.set_profile(saved)
+    fourd.finalize()
+
+
 def test_unsupported_algorithms_raise_with_the_reason():
     g = fourd.init(x=N)
     # One node (no virtual split): hierarchical has no inter-node level.
