@@ -76,8 +76,8 @@ _CHUNKS = 4  # hierarchical pipelining depth written into a measured profile
 _CORRECTION_SIZES = (64 << 10, 512 << 10, 4 << 20, 16 << 20)
 _CORRECTION_ROUNDS = 5
 _CORRECTION_LARGE = 4 << 20  # from this size: fewer rounds, more untimed calls before each
-_CORRECTION_ROUNDS_LARGE = 2
-_CORRECTION_WARM_LARGE = 4
+_CORRECTION_ROUNDS_LARGE = 3
+_CORRECTION_WARM_LARGE = 3
 _PRUNE = 1.25  # algorithms this much slower than the best at a size are not measured larger
 _BATCH_S = 2e-3  # a timed batch of calls lasts at least this long (barrier skew amortised)
 # fourd's own algorithms are priced this much slower than measured, so that `auto` leaves the

@@ -34,13 +34,9 @@ from .options import FLOATING, ITEMSIZE, REDUCING
 TARGET_S = 0.05  # adaptive iterations: about this much timed work per row ...
 SWEEP_BUDGET_S = 20.0  # ... or less, so that the timed work of a whole sweep stays near this
 MIN_TARGET_S = 0.01
-GLOO_SETTLE_S = 1.0  # pause after a torch.distributed (gloo) cell of GLOO_SETTLE_MIN_BYTES
-GLOO_SETTLE_MIN_BYTES = 1 << 20  # or more, before anything else is measured
 FIRST_CELL_WARMUP = 20  # extra untimed calls before the first timed cell of a run
 LONG_CALL_S = 100e-6  # calls at least this long (the slowest rank's) ...
 LONG_CALL_WARMUP = 12  # ... get at least this many warm-up calls
-REWARM_S = 0.2  # after a pause (GLOO_SETTLE_S): untimed calls for about this long ...
-REWARM_MAX_CALLS = 400  # ... but no more than this many
 MIN_ITERS = 3
 MAX_ITERS = 20
 # fourd errors raised by argument validation, before any communication: the same at every size.
@@ -105,7 +101,7 @@ class Runner:
         self._failed: dict = {}  # (library/algorithm, axis, coll, dtype, op, in_place) -> reason
         self._cache: dict = {}
         self._first_cell = True
-        self._rewarm = False  # the next cell follows a pause: warm the machine up again
+        self._last_impl = None  # (library, algorithm) of the cell measured last
         self.wrong_total = 0
         self.cells = self.total_cells()
         self.target_s = target_seconds(self.cells)
@@ -198,8 +194,6 @@ class Runner:
                 wrong += self._verify(impl, axis, bufs, res, op, p)
             warm = cfg.warmup if cfg.check > 0 else max(0, cfg.warmup - 1)
             if self._first_cell:
-                if any(b.library == "torch" for b in self.baselines):
-                    time.sleep(GLOO_SETTLE_S)  # gloo's process group was just made
                 # The first cell of a run follows start-up (init's calibration, the bounds'
                 # copies, baselines' set-up): measured at once, it ran 1.3-3x slower than the
                 # same algorithm's later rows. A fixed count, the same on every rank.
@@ -209,29 +203,20 @@ class Runner:
                 call()
                 est = time.perf_counter() - t0
         self._first_cell = False
-        if self._rewarm:
-            # The cell right after a pause ran 10-30% slower than the same algorithm a moment
-            # later (ranks that slept find cold caches and idle cores): calls for REWARM_S
-            # first, as many on every rank (the slowest rank's estimate decides).
-            self._rewarm = False
-            agree = np.array([1.0 if local_err else 0.0, est])
-            self.world.Allreduce(MPI.IN_PLACE, agree, op=MPI.MAX)
-            if agree[0] == 0:
-                for _ in range(int(min(REWARM_MAX_CALLS, math.ceil(REWARM_S / max(agree[1], 1e-6))))):
-                    t0 = time.perf_counter()
-                    call()
-                    est = time.perf_counter() - t0
         flags = np.array([1.0 if local_err else 0.0, est])
         self.world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
         if flags[0] > 0:
             reasons = self.world.allgather(local_err)
             return None, next((r for r in reasons if r), "failed on another rank")
-        if flags[1] >= LONG_CALL_S and cfg.warmup < LONG_CALL_WARMUP:
+        same_impl = self._last_impl == (impl.library, impl.algorithm)
+        self._last_impl = (impl.library, impl.algorithm)
+        if flags[1] >= LONG_CALL_S and cfg.warmup < LONG_CALL_WARMUP and not same_impl:
             # Long calls (the slowest rank's last warm-up, agreed above) get at least
-            # LONG_CALL_WARMUP: after another algorithm ran, the point-to-point algorithms took
-            # about 10 calls to reach their steady speed (8-16 MiB, 2 ranks), so with 5 the
+            # LONG_CALL_WARMUP when another implementation ran just before: then the
+            # point-to-point collectives (fourd's and MPICH's own; a bare 8 MiB Sendrecv too)
+            # took 4-12 calls to reach their steady speed (8-16 MiB, 2 ranks), so with 5 the
             # first cell of a row (auto's) read up to 1.15x slower than the same algorithm's
-            # own cell later in the row.
+            # own cell later in the row. The in-place cell follows its own out-of-place one.
             for _ in range(LONG_CALL_WARMUP - cfg.warmup):
                 call()
         if cfg.iters is None:
@@ -254,13 +239,6 @@ class Runner:
         ts[iters] = wrong
         allts = np.empty((self.world.Get_size(), iters + 1))
         self.world.Allgather(ts, allts)
-        if impl.library == "torch" and in_place and bufs.recv.nbytes >= GLOO_SETTLE_MIN_BYTES:
-            # (in place is the last placement of a row: one pause per row)
-            # After gloo's large collectives the machine stays busy for a while (measured: the
-            # next rows, the next size's auto row above all, ran 1.3-3x slow with 4 ranks on 2
-            # cores; 0.3 s of pause was not enough, 1-1.5 s was). Let it settle.
-            time.sleep(GLOO_SETTLE_S)
-            self._rewarm = True
         wrong_sum = round(allts[:, iters].sum())
         us = allts[:, :iters].max(axis=0) * 1e6  # per-iteration maximum across ranks
         return {
@@ -299,11 +277,21 @@ class Runner:
         return int(self.world.allreduce(n, op=MPI.MAX))
 
     def run(self):
+        """The sweep. Without a torch baseline every row is printed as soon as it is measured.
+        With one, the torch.distributed (gloo) cells of every row run in a second pass, after
+        all the others: right after gloo's large collectives the next cells (the next row's
+        auto cell first) ran 1.15-1.8x slower than the same algorithm a moment later, for more
+        than a second and whatever the pause (4 ranks on 2 cores; the machine was idle in
+        between, so no thread was left busy). The tables are then printed at the end."""
         cfg = self.cfg
+        torch_b = [b for b in self.baselines if b.library == "torch"]
+        first = list(self.fourd_impls) + [b for b in self.baselines if b.library != "torch"]
+        pending = []  # rows waiting for their torch cells (second pass)
         for coll in cfg.collectives:
             for axis in cfg.axes:
                 info = self.axis_info[axis.mask]
-                self.printer.table_header(coll, axis, info)
+                if not torch_b:
+                    self.printer.table_header(coll, axis, info)
                 for dtype in cfg.dtypes:
                     ops = cfg.ops if coll in REDUCING else ["none"]
                     for op in ops:
@@ -313,10 +301,35 @@ class Runner:
                             self.progress.step("", len(cfg.sizes) * 2 * (len(self.fourd_impls) + len(self.baselines)))
                             continue
                         for size in cfg.sizes:
-                            self._run_size(coll, axis, info, dtype, op, size)
-                self.printer.table_footer(coll, axis, self.rows)
+                            ctx = self._run_size(coll, axis, info, dtype, op, size, first)
+                            if ctx is None:
+                                continue
+                            if torch_b:
+                                pending.append(ctx)
+                            else:
+                                self._finish_size(ctx)
+                if not torch_b:
+                    self.printer.table_footer(coll, axis, self.rows)
+        if not torch_b:
+            return
+        shown = None
+        for ctx in pending:
+            if shown is not None and shown != (ctx["coll"], ctx["axis"].mask):
+                self.printer.table_footer(shown[0], shown_axis, self.rows)
+                shown = None
+            if shown is None:
+                shown, shown_axis = (ctx["coll"], ctx["axis"].mask), ctx["axis"]
+                self.printer.table_header(ctx["coll"], ctx["axis"], ctx["info"])
+            bufs = Buffers(ctx["coll"], ctx["dtype"], ctx["count"], ctx["axis"].group_size,
+                           check.NUMPY_STORAGE[ctx["dtype"]])
+            self._measure_impls(ctx, torch_b, bufs)
+            self._finish_size(ctx)
+        if shown is not None:
+            self.printer.table_footer(shown[0], shown_axis, self.rows)
 
-    def _run_size(self, coll, axis, info, dtype, op, size):
+    def _run_size(self, coll, axis, info, dtype, op, size, impls):
+        """Measures the cells of `impls` for one row; returns the row's context (None when
+        the size is too small for the group)."""
         cfg = self.cfg
         p = axis.group_size
         count = cell_count(coll, size, dtype, p)
@@ -325,7 +338,7 @@ class Runner:
             self.note(("small", coll, axis.mask, dtype, size),
                       f"{coll} {axis.name} {dtype}: {size} B is less than one element per rank (skipped)")
             self.progress.step("", nimpl * 2)
-            return
+            return None
         nbytes = count * ITEMSIZE[dtype]
         bufs = Buffers(coll, dtype, count, p, check.NUMPY_STORAGE[dtype])
         opname = op if coll in REDUCING else "none"
@@ -348,8 +361,23 @@ class Runner:
         runnable = {i.algorithm: bool(f) for i, f in zip(self.fourd_impls, ok)}
         bnd = bounds.bound(coll, nbytes, info["bound_nodes"], info["bound_k"], self.intra_bps,
                            self.link_bps)
-        group = []  # rows of this size, printed together
-        for impl in list(self.fourd_impls) + list(self.baselines):
+        ctx = {"coll": coll, "axis": axis, "info": info, "dtype": dtype, "opname": opname,
+               "real_op": real_op, "size": size, "nbytes": nbytes, "count": count, "bnd": bnd,
+               "explained": explained, "cands": cands, "runnable": runnable, "group": []}
+        self._measure_impls(ctx, impls, bufs)
+        self._cache.clear()
+        return ctx
+
+    def _measure_impls(self, ctx, impls, bufs):
+        """The cells of `impls` for the row `ctx`, added to ctx["group"]."""
+        cfg = self.cfg
+        coll, axis, info, dtype = ctx["coll"], ctx["axis"], ctx["info"], ctx["dtype"]
+        opname, real_op, size = ctx["opname"], ctx["real_op"], ctx["size"]
+        nbytes, count, bnd = ctx["nbytes"], ctx["count"], ctx["bnd"]
+        explained, cands, runnable = ctx["explained"], ctx["cands"], ctx["runnable"]
+        p = axis.group_size
+        group = ctx["group"]
+        for impl in impls:
             label = impl.label
             if impl.library == "fourd" and impl.algorithm != "auto" and coll == "broadcast":
                 if cfg.algorithms_requested:
@@ -397,6 +425,11 @@ class Runner:
                 cells[in_place] = row
             if any(isinstance(v, dict) for v in cells.values()):
                 group.append((impl, cells))
+        self._cache.clear()
+
+    def _finish_size(self, ctx):
+        """Ratios, rows and the printed lines of one measured row."""
+        group = ctx["group"]
         # Ratios: baseline time / fourd time, same placement (>1: fourd is faster).
         for impl, cells in group:
             if impl.library != "fourd":
@@ -417,9 +450,9 @@ class Runner:
                     self.rows.append(row)
                     if row["wrong"]:
                         self.wrong_total += row["wrong"]
-        self.printer.size_rows(coll, axis, dtype, opname, size, nbytes, count, bnd, group,
+        self.printer.size_rows(ctx["coll"], ctx["axis"], ctx["dtype"], ctx["opname"], ctx["size"],
+                               ctx["nbytes"], ctx["count"], ctx["bnd"], group,
                                [b.library for b in self.baselines])
-        self._cache.clear()
 
     def _row(self, coll, axis, info, impl, dtype, opname, size, nbytes, count, in_place, stats,
              bnd, explained):
