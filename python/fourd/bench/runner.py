@@ -105,6 +105,7 @@ class Runner:
         self.wrong_total = 0
         self.cells = self.total_cells()
         self.target_s = target_seconds(self.cells)
+        Buffers.reserve(max(cfg.sizes))  # every row's arrays come from these (libraries.py)
 
     # ---- notes -------------------------------------------------------------------------------
     def note(self, key, text):
@@ -322,6 +323,8 @@ class Runner:
                 self.printer.table_header(ctx["coll"], ctx["axis"], ctx["info"])
             bufs = Buffers(ctx["coll"], ctx["dtype"], ctx["count"], ctx["axis"].group_size,
                            check.NUMPY_STORAGE[ctx["dtype"]])
+            if cfg.check == 0:
+                bufs.zero()
             self._measure_impls(ctx, torch_b, bufs)
             self._finish_size(ctx)
         if shown is not None:
@@ -341,6 +344,8 @@ class Runner:
             return None
         nbytes = count * ITEMSIZE[dtype]
         bufs = Buffers(coll, dtype, count, p, check.NUMPY_STORAGE[dtype])
+        if cfg.check == 0:
+            bufs.zero()
         opname = op if coll in REDUCING else "none"
         real_op = op if coll in REDUCING else "sum"
         # What auto runs, per placement (measured corrections of the model may differ).
