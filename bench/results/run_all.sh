@@ -16,11 +16,12 @@ run() {  # name, then the command
   "$@" 2>&1 | tee "$OUT/$name.txt"
 }
 
-# One node: all_reduce float32 and bfloat16, 1 MiB - 64 MiB, every algorithm, both baselines.
+# One node: all_reduce float32 and bfloat16, 1 MiB - 64 MiB, every algorithm, both baselines;
+# 20 timed calls per cell at every size (adaptive timing gives the largest only 3).
 for n in 2 4; do
   run onenode_np${n}_all_reduce "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
     --grid x=$n --ranks-per-node $n --axis world --collective all_reduce -d float,bfloat16 \
-    -b 1M -e 64M -f 4 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
+    -b 1M -e 64M -f 4 -n 20 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
     --csv $OUT/onenode_np${n}_all_reduce.csv --plot $OUT/onenode_np${n}_all_reduce.png
 done
 
