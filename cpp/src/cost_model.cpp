@@ -553,6 +553,13 @@ double interpolatedCorrection(const MachineProfile& m, Collective c, Algorithm a
 
 bool isHalf(DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; }
 
+/// The factor for one call of a validated profile (1 when nothing moves or nothing matches).
+double factorFor(const MachineProfile& m, Collective c, Algorithm a, const GroupShape& s,
+                 DataType t, bool inPlace, size_t nbytes) {
+  if (nbytes == 0 || s.size <= 1 || m.corrections.empty()) return 1.0;
+  return interpolatedCorrection(m, c, a, s, isHalf(t), inPlace, static_cast<double>(nbytes));
+}
+
 double timeScale(const MachineProfile& m, double nodeBytes) {
   if (m.cacheBytes <= 0.0 || m.cacheBwGain <= 1.0) return 1.0;
   const double resident = nodeBytes <= m.cacheBytes ? 1.0 : m.cacheBytes / nodeBytes;
@@ -594,7 +601,7 @@ Links makeLinks(Collective c, size_t nbytes, const GroupShape& s, DataType dtype
   L.bwIntra /= scale;
   // 16-bit reductions: their in-cache rate plus the memory stall the float32 kernel suffers
   // beyond its in-cache time once the data stream (0 without a cache tier).
-  const bool half = dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
+  const bool half = isHalf(dtype);
   L.half16 = half;
   const double rate16 = m.reduceBw16 > 0.0 ? m.reduceBw16 : m.reduceBw / 2.0;
   const double resident = m.cacheBytes > 0.0 && m.cacheBwGain > 1.0 ? 1.0 / m.cacheBwGain : 1.0;
@@ -692,9 +699,7 @@ double correctionFactor(const MachineProfile& profile, Collective collective,
   checkEnums(collective, algorithm);
   checkShape(shape);
   checkProfile(profile);
-  if (nbytes == 0 || profile.corrections.empty()) return 1.0;
-  return interpolatedCorrection(profile, collective, algorithm, shape, isHalf(dtype), inPlace,
-                                static_cast<double>(nbytes));
+  return factorFor(profile, collective, algorithm, shape, dtype, inPlace, nbytes);
 }
 
 std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataType dtype,
@@ -714,16 +719,13 @@ std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataTyp
       Cost c = concreteCost(collective, pr.algorithm, nbytes, links, profile);
       pr.seconds = c.seconds;
       pr.reason = std::move(c.note);
-      if (nbytes > 0 && !profile.corrections.empty()) {
-        pr.correction = interpolatedCorrection(profile, collective, pr.algorithm, shape,
-                                               isHalf(dtype), inPlace, double(nbytes));
-        if (pr.correction != 1.0) {
-          pr.seconds *= pr.correction;
-          std::ostringstream os;
-          os.precision(3);
-          os << "; x" << pr.correction << " measured";
-          pr.reason += os.str();
-        }
+      pr.correction = factorFor(profile, collective, pr.algorithm, shape, dtype, inPlace, nbytes);
+      if (pr.correction != 1.0) {
+        pr.seconds *= pr.correction;
+        std::ostringstream os;
+        os.precision(3);
+        os << "; x" << pr.correction << " measured";
+        pr.reason += os.str();
       }
     } else {
       pr.seconds = kInf;
@@ -755,12 +757,10 @@ double predict(Collective collective, Algorithm algorithm, size_t nbytes, DataTy
     algorithm = choose(collective, nbytes, dtype, shape, profile, inPlace);
   }
   if (!supportedNoThrow(collective, algorithm, shape, nullptr)) return kInf;
-  const double t = concreteCost(collective, algorithm, nbytes,
-                                makeLinks(collective, nbytes, shape, dtype, profile), profile)
-                       .seconds;
-  if (nbytes == 0 || shape.size <= 1 || profile.corrections.empty()) return t;
-  return t * interpolatedCorrection(profile, collective, algorithm, shape, isHalf(dtype),
-                                    inPlace, double(nbytes));
+  return concreteCost(collective, algorithm, nbytes,
+                      makeLinks(collective, nbytes, shape, dtype, profile), profile)
+             .seconds *
+         factorFor(profile, collective, algorithm, shape, dtype, inPlace, nbytes);
 }
 
 double memoryTimeScale(const MachineProfile& profile, double nodeWorkingSetBytes) {

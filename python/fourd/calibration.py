@@ -320,6 +320,21 @@ def solve_bw(d: dict, field: str, seconds: float, algorithm: str, nbytes: int, d
 _BF16_ONE = 0x3F80  # 1.0 in bfloat16 (the upper half of float32's 0x3F800000)
 
 
+def _raw_all_reduce(grid, axis, algorithm: str, src: np.ndarray, dst: np.ndarray, code: int):
+    """A callable running one blocking sum all_reduce of `src` into `dst` (the same array: in
+    place) through the native communicator, with fourd's dtype `code`: bfloat16 travels as
+    numpy uint16 bits, so no torch is needed (importing it would take longer than the whole
+    calibration)."""
+    native, opc, algc = grid._plan_call(axis, "sum", algorithm)
+    a_in = src.__array_interface__["data"][0]
+    a_out = dst.__array_interface__["data"][0]
+    count = src.size
+
+    def call():
+        native.all_reduce(a_in, a_out, count, code, 0, 0, opc, algc, 0.0, False, False, None)
+    return call
+
+
 def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "float32") -> float:
     """Slowest rank's time of one all_reduce of _COLLECTIVE_BYTES (median over reps). bfloat16
     runs on a numpy uint16 buffer handed to the native communicator with the bfloat16 code, so
@@ -331,12 +346,7 @@ def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "fl
     comm = grid.mpi_comm
     if dtype == "bfloat16":
         buf = np.full(_COLLECTIVE_BYTES // 2, _BF16_ONE, np.uint16)
-        native, opc, algc = grid._plan_call(axis, "sum", algorithm)
-        addr = buf.__array_interface__["data"][0]
-
-        def once():
-            native.all_reduce(addr, addr, buf.size, BFLOAT16, 0, 0, opc, algc, 0.0, False,
-                              False, None)
+        once = _raw_all_reduce(grid, axis, algorithm, buf, buf, BFLOAT16)
     else:
         buf = np.ones(_COLLECTIVE_BYTES // 4, np.float32)
 
@@ -366,13 +376,13 @@ def measure_corrections(grid, axis, margin: float = 1.0) -> list:
     The model prices the algorithms from a few fitted figures; on a node whose cores the ranks
     share, the choice between shm, ring and rhd turns on 10-30% effects it does not capture.
     These points pin each algorithm's prediction to its measured time at the sizes measured
-    (interpolated in between; see cost_model.hpp beyond). Each round times every (algorithm, placement)
-    once, in an order rotated from round to round so that drifting load falls on all alike:
-    untimed calls first, a barrier, then a batch of calls lasting at least _BATCH_S (its
-    length agreed by all ranks); the slowest rank's time; the median round. An algorithm more
-    than _PRUNE times slower than the best at a size of _CORRECTION_LARGE or more is not
-    measured at the larger ones (its last factor holds there). fourd's own algorithms are multiplied by `margin` (the
-    library's are not)."""
+    (interpolated in between; cost_model.hpp says what happens beyond). Each round times every
+    (algorithm, placement) once, in an order rotated from round to round so that drifting load
+    falls on all alike: untimed calls first, a barrier, then a batch of calls lasting at least
+    _BATCH_S (its length agreed by all ranks); the slowest rank's time; the median round. An
+    algorithm more than _PRUNE times slower than the best at a size of _CORRECTION_LARGE or
+    more is not measured at the larger ones (its last factor holds there). fourd's own
+    algorithms are multiplied by `margin` (the library's are not)."""
     from mpi4py import MPI
 
     from . import _C
@@ -395,21 +405,12 @@ def measure_corrections(grid, axis, margin: float = 1.0) -> list:
                                        ("bfloat16", BFLOAT16, np.uint16, _BF16_ONE)):
         active = list(algs)
         for nbytes in _CORRECTION_SIZES:
-            count = nbytes // np.dtype(np_dtype).itemsize
             src = arena_in[:nbytes].view(np_dtype)
             src.fill(one)
             dst = arena_out[:nbytes].view(np_dtype)
-            calls = []
-            for alg in active:
-                native, opc, algc = grid._plan_call(axis, "sum", alg)
-                for in_place in (False, True):
-                    a_in = src.__array_interface__["data"][0]
-                    a_out = a_in if in_place else dst.__array_interface__["data"][0]
-
-                    def call(native=native, a_in=a_in, a_out=a_out, opc=opc, algc=algc):
-                        native.all_reduce(a_in, a_out, count, code, 0, 0, opc, algc, 0.0,
-                                          False, False, None)
-                    calls.append((alg, in_place, call))
+            calls = [(alg, in_place,
+                      _raw_all_reduce(grid, axis, alg, src, src if in_place else dst, code))
+                     for alg in active for in_place in (False, True)]
             large = nbytes >= _CORRECTION_LARGE
             if large:  # one call is a batch; warm-up happens before each timing
                 batch = [1] * len(calls)

@@ -20,6 +20,7 @@ once, as in a real 4D job.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -313,22 +314,18 @@ class Runner:
                     self.printer.table_footer(coll, axis, self.rows)
         if not torch_b:
             return
-        shown = None
-        for ctx in pending:
-            if shown is not None and shown != (ctx["coll"], ctx["axis"].mask):
-                self.printer.table_footer(shown[0], shown_axis, self.rows)
-                shown = None
-            if shown is None:
-                shown, shown_axis = (ctx["coll"], ctx["axis"].mask), ctx["axis"]
-                self.printer.table_header(ctx["coll"], ctx["axis"], ctx["info"])
-            bufs = Buffers(ctx["coll"], ctx["dtype"], ctx["count"], ctx["axis"].group_size,
-                           check.NUMPY_STORAGE[ctx["dtype"]])
-            if cfg.check == 0:
-                bufs.zero()
-            self._measure_impls(ctx, torch_b, bufs)
-            self._finish_size(ctx)
-        if shown is not None:
-            self.printer.table_footer(shown[0], shown_axis, self.rows)
+        for _, table in itertools.groupby(pending, key=lambda c: (c["coll"], c["axis"].mask)):
+            table = list(table)
+            coll, axis = table[0]["coll"], table[0]["axis"]
+            self.printer.table_header(coll, axis, table[0]["info"])
+            for ctx in table:
+                bufs = Buffers(coll, ctx["dtype"], ctx["count"], axis.group_size,
+                               check.NUMPY_STORAGE[ctx["dtype"]])
+                if cfg.check == 0:
+                    bufs.zero()
+                self._measure_impls(ctx, torch_b, bufs)
+                self._finish_size(ctx)
+            self.printer.table_footer(coll, axis, self.rows)
 
     def _run_size(self, coll, axis, info, dtype, op, size, impls):
         """Measures the cells of `impls` for one row; returns the row's context (None when
