@@ -507,13 +507,16 @@ void checkProfile(const MachineProfile& m) {
   for (size_t i = 0; i < m.corrections.size(); ++i) {
     const Correction& c = m.corrections[i];
     const std::string at = "corrections[" + std::to_string(i) + "].";
+    auto check = [&](bool ok, const char* field, const char* expected, double value) {
+      if (!ok) fail((at + field).c_str(), expected, value);
+    };
     const int ci = static_cast<int>(c.collective), ai = static_cast<int>(c.algorithm);
-    if (ci < 0 || ci > 3) fail((at + "collective").c_str(), "0..3", ci);
-    if (ai < 1 || ai >= kNumAlgorithms) fail((at + "algorithm").c_str(), "a concrete algorithm", ai);
-    if (c.groupSize < 1) fail((at + "groupSize").c_str(), ">= 1", c.groupSize);
-    if (c.nodes < 1 || c.nodes > c.groupSize) fail((at + "nodes").c_str(), "1..groupSize", c.nodes);
-    if (!(c.nbytes > 0) || std::isinf(c.nbytes)) fail((at + "nbytes").c_str(), "> 0 bytes", c.nbytes);
-    if (!(c.factor > 0) || std::isinf(c.factor)) fail((at + "factor").c_str(), "a finite ratio > 0", c.factor);
+    check(ci >= 0 && ci <= 3, "collective", "0..3", ci);
+    check(ai >= 1 && ai < kNumAlgorithms, "algorithm", "a concrete algorithm", ai);
+    check(c.groupSize >= 1, "groupSize", ">= 1", c.groupSize);
+    check(c.nodes >= 1 && c.nodes <= c.groupSize, "nodes", "1..groupSize", c.nodes);
+    check(c.nbytes > 0 && !std::isinf(c.nbytes), "nbytes", "> 0 bytes", c.nbytes);
+    check(c.factor > 0 && !std::isinf(c.factor), "factor", "a finite ratio > 0", c.factor);
   }
 }
 
