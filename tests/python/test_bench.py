@@ -97,6 +97,7 @@ def test_default_grid_follows_hosts():
     (["--frobnicate"], "unrecognized arguments"),
     (["-T", "0"], "-T/--timeout"),
     (["--timing", "wall"], "--timing"),
+    (["-R", "0"], "-R/--rounds"),
 ])
 def test_bad_arguments(argv, fragment):
     with pytest.raises(UsageError) as e:
@@ -185,10 +186,10 @@ def _row(**kw):
     r = {k: None for k, _ in report.ROW_FIELDS}
     r.update(collective="all_reduce", axis="x", library="fourd", algorithm="flat", in_place=False,
              size_bytes=1024, requested_bytes=1024, count=256, dtype="float32", op="sum",
-             group_size=2, groups=2, nodes=1, ranks_per_node=2, iters=5, warmup=1, check_iters=1,
+             group_size=2, groups=2, nodes=1, ranks_per_node=2, iters=5, warmup=1, check_iters=1, rounds=1,
              time_us=10.0, time_us_min=9.0, time_us_median=10.0, time_us_p99=12.0,
              time_us_max=12.0, time_us_rank_avg=9.5, algbw_gbps=0.1, busbw_gbps=0.1,
-             bus_factor=1.0, wrong=0, times_us=[9.0, 10.0, 12.0])
+             bus_factor=1.0, wrong=0, times_us=[9.0, 10.0, 12.0], round_times_us=[10.0])
     r.update(kw)
     return r
 
@@ -283,6 +284,26 @@ def test_batch_timing_under_mpi(tmp_path):
     for row in rows:
         assert row["wrong"] == 0 and row["iters"] == 50
         assert row["time_us_min"] == pytest.approx(row["time_us_max"], rel=1e-12), row
+
+
+def test_rounds_under_mpi(tmp_path):
+    """--rounds 3: every cell is measured three times and reports its median round, with every
+    round's time kept; every round's checks count in #wrong."""
+    jp = tmp_path / "b.json"
+    r = run_mpi(2, ["-m", "fourd.bench", "-b", "1K", "-e", "64K", "-n", "3", "-c", "2", "-R", "3",
+                    "--collective", "all_reduce,all_gather", "--baseline", "mpi",
+                    "--json", str(jp)], timeout=180)
+    assert "rounds 3 (rotated order; median round)" in r.stdout, r.stdout[-2000:]
+    doc = json.loads(jp.read_text())
+    assert report.validate(doc) == [], report.validate(doc)[:5]
+    assert doc["timing"]["rounds"] == 3 and doc["ok"] is True
+    rows = doc["rows"]
+    assert {r["library"] for r in rows} == {"fourd", "mpi"} and len(rows) > 10
+    for row in rows:
+        rt = row["round_times_us"]
+        assert row["rounds"] == 3 and len(rt) == 3 and rt == sorted(rt), row
+        assert row["time_us"] == pytest.approx(rt[1], abs=1e-3), row
+        assert row["wrong"] == 0
 
 
 def test_bench_bad_argument_under_mpi():

@@ -271,7 +271,9 @@ def main(argv=None) -> int:
             f"{' (virtual: --ranks-per-node ' + str(cfg.ranks_per_node) + ')' if grid.virtual_topology else ''}"
             f" [{cfg.grid_source}]")
     pr.line(f"# sizes: {fmt_size(sizes[0])} .. {fmt_size(sizes[-1])} ({len(sizes)} size{'s' if len(sizes) > 1 else ''}, {step}); "
-            f"iterations: {iters_text}; warm-up {cfg.warmup}; check {cfg.check}; types "
+            f"iterations: {iters_text}; warm-up {cfg.warmup}; check {cfg.check}; "
+            + (f"rounds {cfg.rounds} (rotated order; median round); " if cfg.rounds > 1 else "")
+            + f"types "
             f"{','.join(cfg.dtypes)}; ops {','.join(cfg.ops)}")
     pr.line("# axes: " + "; ".join(
         f"{a.name} = groups of {a.group_size} ({axis_info[a.mask]['description']})" for a in cfg.axes))
@@ -357,7 +359,7 @@ def main(argv=None) -> int:
                 "concurrency": "every group of the axis runs at once",
                 "iters": cfg.iters if cfg.iters is not None else f"adaptive {MIN_ITERS}-{MAX_ITERS}",
                 "target_s_per_row": runner.target_s,
-                "warmup": cfg.warmup, "check": cfg.check,
+                "warmup": cfg.warmup, "check": cfg.check, "rounds": cfg.rounds,
                 "clock": "time.perf_counter around each call, host side, blocking calls",
             },
             "bandwidth": {

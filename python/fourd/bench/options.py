@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=5, metavar="N",
                    help="untimed warm-up iterations per row (default 5, as nccl-tests; the "
                         "first row of a run gets 20 more)")
+    g.add_argument("-R", "--rounds", type=int, default=1, metavar="R",
+                   help="measure every row R times, the cells of the row in an order rotated "
+                        "from round to round, and report each cell's median round (default 1); "
+                        "use 3 or more when comparing implementations within a row on a busy "
+                        "machine")
     g.add_argument("-c", "--check", type=int, default=1, metavar="N",
                    help="checked iterations per row against a closed form; 0 = no check "
                         "(#wrong shows N/A) (default 1)")
@@ -207,6 +212,7 @@ class Config:
     sizes: list
     iters: int | None
     warmup: int
+    rounds: int
     check: int
     timeout: float | None
     dtypes: list
@@ -440,6 +446,8 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
         raise UsageError(f"-n/--iters: expected at least 1 timed iteration; found {args.iters}")
     if args.warmup_iters < 0:
         raise UsageError(f"-w/--warmup_iters: expected 0 or more; found {args.warmup_iters}")
+    if args.rounds < 1:
+        raise UsageError(f"-R/--rounds: expected at least 1 round; found {args.rounds}")
     if args.check < 0:
         raise UsageError(f"-c/--check: expected 0 (off) or a number of checked iterations; found {args.check}")
     if args.timeout is not None and not args.timeout > 0:
@@ -514,6 +522,7 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
 
     return Config(
         timing=timing, device=device, argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
+        rounds=args.rounds,
         check=args.check, timeout=args.timeout, dtypes=dtypes, ops=ops, collectives=colls,
         axes=axes, axes_requested=args.axis is not None, algorithms=algs,
         algorithms_requested=algs_req, baselines=baselines, baselines_requested=base_req,

@@ -13,7 +13,7 @@ import math
 import sys
 
 SCHEMA = "fourd.bench"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: rows gained rounds and round_times_us (--rounds)
 
 # Every row carries these keys (None where a value does not apply), in this order in the CSV.
 ROW_FIELDS = (
@@ -21,6 +21,7 @@ ROW_FIELDS = (
     ("in_place", bool), ("size_bytes", int), ("requested_bytes", int), ("count", int),
     ("dtype", str), ("op", str), ("group_size", int), ("groups", int), ("nodes", int),
     ("ranks_per_node", int), ("iters", int), ("warmup", int), ("check_iters", int),
+    ("rounds", int),
     ("time_us", float), ("time_us_min", float), ("time_us_median", float),
     ("time_us_p99", float), ("time_us_max", float), ("time_us_rank_avg", float),
     ("algbw_gbps", float), ("busbw_gbps", float), ("bus_factor", float),
@@ -28,7 +29,7 @@ ROW_FIELDS = (
     ("bound_sum_us", (float, type(None))), ("efficiency", (float, type(None))),
     ("predicted_us", (float, type(None))), ("auto_choice", (str, type(None))),
     ("ratio_vs_mpi", (float, type(None))), ("ratio_vs_torch", (float, type(None))),
-    ("times_us", list),
+    ("times_us", list), ("round_times_us", list),
 )
 TOP_FIELDS = (
     ("schema", str), ("schema_version", int), ("start_time", str), ("duration_s", float),
@@ -112,7 +113,7 @@ def write_csv(path: str, rows: list):
             out = []
             for k in names:
                 v = r.get(k)
-                if k == "times_us":
+                if k in ("times_us", "round_times_us"):
                     v = " ".join(f"{x:g}" for x in v or [])
                 elif isinstance(v, float):
                     v = f"{v:.6g}"

@@ -371,18 +371,19 @@ class Runner:
         return ctx
 
     def _measure_impls(self, ctx, impls, bufs):
-        """The cells of `impls` for the row `ctx`, added to ctx["group"]."""
-        cfg = self.cfg
-        coll, axis, info, dtype = ctx["coll"], ctx["axis"], ctx["info"], ctx["dtype"]
-        opname, real_op, size = ctx["opname"], ctx["real_op"], ctx["size"]
-        nbytes, count, bnd = ctx["nbytes"], ctx["count"], ctx["bnd"]
-        explained, cands, runnable = ctx["explained"], ctx["cands"], ctx["runnable"]
-        p = axis.group_size
-        group = ctx["group"]
+        """The cells of `impls` for the row `ctx`, added to ctx["group"].
+
+        With --rounds R every cell is measured R times: round r runs the implementations in
+        the order rotated by r (each in-place cell right after its own out-of-place one), so
+        that whatever the position in a row costs (the first cell after another row's, a drift
+        of the machine's load) falls on every implementation alike; each cell reports its
+        median round (the lower middle one for even R) and keeps every round's time."""
+        coll, axis, dtype, size = ctx["coll"], ctx["axis"], ctx["dtype"], ctx["size"]
+        cands, runnable = ctx["cands"], ctx["runnable"]
+        todo = []
         for impl in impls:
-            label = impl.label
             if impl.library == "fourd" and impl.algorithm != "auto" and coll == "broadcast":
-                if cfg.algorithms_requested:
+                if self.cfg.algorithms_requested:
                     self.note(("bcast-alg",), "broadcast: fourd.broadcast takes no algorithm "
                               "argument, so only auto is measured")
                 continue
@@ -398,36 +399,65 @@ class Runner:
                 self.note(("bf16-torch",), "bfloat16 rows need torch to pass the buffer to fourd (skipped)")
                 self.progress.step("", 2)
                 continue
+            todo.append(impl)
+        rounds = self.cfg.rounds
+        measured = {id(impl): {} for impl in todo}  # in_place -> [stats...] or a reason
+        for r in range(rounds):
+            for j in range(len(todo)):
+                impl = todo[(j + r) % len(todo)]
+                cells = measured[id(impl)]
+                for in_place in (False, True):
+                    if r > 0 and not isinstance(cells.get(in_place), list):
+                        continue  # n/a in the first round: n/a in all
+                    got = self._measure_cell(ctx, impl, bufs, in_place)
+                    if isinstance(got, dict):
+                        cells.setdefault(in_place, []).append(got)
+                    else:
+                        cells[in_place] = got
+                    if r == rounds - 1:
+                        self.progress.step(f"{coll} {axis.name} {size} B {impl.label}")
+        for impl in todo:
             cells = {}
-            for in_place in (False, True):
-                key = (impl.library, impl.algorithm, axis.mask, coll, dtype, opname, in_place)
-                why = impl.unsupported(coll, dtype, real_op if coll in REDUCING else None, in_place)
-                if why is not None:
-                    self.note(("static", impl.library, why), f"{impl.library}: {why} (n/a)")
+            for in_place, got in measured[id(impl)].items():
+                if isinstance(got, list):
+                    got.sort(key=lambda st: st["time_us"])
+                    stats = dict(got[(len(got) - 1) // 2])
+                    stats["rounds"] = len(got)
+                    stats["round_times_us"] = [round(st["time_us"], 3) for st in got]
+                    if stats["wrong"] is not None:  # every round's checks count
+                        stats["wrong"] = sum(st["wrong"] for st in got)
+                    cells[in_place] = self._row(coll, axis, ctx["info"], impl, dtype, ctx["opname"],
+                                                size, ctx["nbytes"], ctx["count"], in_place,
+                                                stats, ctx["bnd"], ctx["explained"][in_place])
                 else:
-                    why = self._failed.get(key)
-                if why is not None:
-                    cells[in_place] = why
-                    self.progress.step(f"{coll} {axis.name} {size} B {label}")
-                    continue
-                stats, reason = self.measure(impl, axis, bufs, in_place, real_op, p)
-                self.progress.step(f"{coll} {axis.name} {size} B {label}")
-                if stats is None:
-                    # Static for the baselines (a dtype or op they lack), per size for fourd.
-                    if impl.library != "fourd" or reason.startswith(_STATIC_ERRORS) or "not built" in reason:
-                        self._failed[key] = reason
-                    where = "in-place" if in_place else "out-of-place"
-                    self.note(("fail", impl.library, coll, in_place, reason),
-                              f"{impl.library} {coll} {where}: {reason} (n/a; first seen with "
-                              f"{label} on {axis.name}, {dtype} {opname}, {nbytes} B)")
-                    cells[in_place] = reason
-                    continue
-                row = self._row(coll, axis, info, impl, dtype, opname, size, nbytes, count,
-                                in_place, stats, bnd, explained[in_place])
-                cells[in_place] = row
+                    cells[in_place] = got
             if any(isinstance(v, dict) for v in cells.values()):
-                group.append((impl, cells))
+                ctx["group"].append((impl, cells))
         self._cache.clear()
+
+    def _measure_cell(self, ctx, impl, bufs, in_place):
+        """One cell: its stats, or the reason it is n/a (noted once)."""
+        coll, axis, dtype = ctx["coll"], ctx["axis"], ctx["dtype"]
+        opname, real_op = ctx["opname"], ctx["real_op"]
+        key = (impl.library, impl.algorithm, axis.mask, coll, dtype, opname, in_place)
+        why = impl.unsupported(coll, dtype, real_op if coll in REDUCING else None, in_place)
+        if why is not None:
+            self.note(("static", impl.library, why), f"{impl.library}: {why} (n/a)")
+            return why
+        why = self._failed.get(key)
+        if why is not None:
+            return why
+        stats, reason = self.measure(impl, axis, bufs, in_place, real_op, axis.group_size)
+        if stats is not None:
+            return stats
+        # Static for the baselines (a dtype or op they lack), per size for fourd.
+        if impl.library != "fourd" or reason.startswith(_STATIC_ERRORS) or "not built" in reason:
+            self._failed[key] = reason
+        where = "in-place" if in_place else "out-of-place"
+        self.note(("fail", impl.library, coll, in_place, reason),
+                  f"{impl.library} {coll} {where}: {reason} (n/a; first seen with "
+                  f"{impl.label} on {axis.name}, {dtype} {opname}, {ctx['nbytes']} B)")
+        return reason
 
     def _finish_size(self, ctx):
         """Ratios, rows and the printed lines of one measured row."""
@@ -461,6 +491,8 @@ class Runner:
         cands = {c["algorithm"]: c for c in explained.get("candidates", [])}
         p = axis.group_size
         algbw, busbw = bounds.bandwidths(coll, nbytes, p, stats["time_us"] * 1e-6)
+        rounds = stats.get("rounds", 1)
+        stats = {k: v for k, v in stats.items() if k != "rounds"}
         row = {
             "collective": coll,
             "axis": axis.name,
@@ -478,6 +510,7 @@ class Runner:
             "ranks_per_node": info["k"],
             "warmup": self.cfg.warmup,
             "check_iters": self.cfg.check,
+            "rounds": rounds,
             **stats,
             "algbw_gbps": algbw,
             "busbw_gbps": busbw,
