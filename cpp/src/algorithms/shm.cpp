@@ -4,7 +4,7 @@
 // time per byte of one input, s = one flag barrier (each rank stores its counter and reads the
 // k counters). The window (MPI_Win_allocate_shared on the node's communicator, cached in
 // CommState::cache) gives each rank a segment of three buffers of B bytes; B grows with the
-// messages up to 512 KiB (1 MiB when the node's ranks outnumber its cores;
+// messages up to 512 KiB (1 MiB when the machine's ranks outnumber its cores;
 // FOURD_SHM_BUFFER_BYTES overrides), and larger messages are pipelined through it in chunks of
 // B bytes, one barrier per chunk (see "Buffer discipline" below).
 //
@@ -25,7 +25,7 @@
 // the all-reduce formula.
 //
 // No message crosses MPI: the only synchronisation is the flag barrier. It polls without
-// yielding for up to 50 us when every rank of the node has a core of its own (a yield could
+// yielding for up to 50 us when every rank of the machine has a core of its own (a yield could
 // hand the core to another process for a whole time slice), otherwise it yields the core after
 // a few polls (ranks outnumber cores: the peer we wait for may need ours), and it has the op's
 // deadline like every other wait. Every rank reduces a different slice, so results are
@@ -54,6 +54,7 @@
 #include "algorithms/levels.hpp"
 #include "fourd/error.hpp"
 #include "internal/comm_state.hpp"
+#include "internal/op_context.hpp"
 #include "internal/reduce_kernels.hpp"
 
 namespace fourd::detail {
@@ -128,7 +129,8 @@ size_t bufferCap(int k) {
   size_t v = env >= 4096 ? static_cast<size_t>(env) : 0;
   if (v == 0) {
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    v = (cores > 0 && k > cores) ? size_t(1) << 20 : size_t(512) << 10;
+    v = (detail::oversubscribed() || (cores > 0 && k > cores)) ? size_t(1) << 20
+                                                                : size_t(512) << 10;
   }
   return (v + 63) / 64 * 64;
 }
@@ -219,8 +221,12 @@ ShmWindow* shmWindow(CommState& s, size_t bytesPerRank, OpContext& ctx) {
   nw->bufBytes = want;
   nw->cap = cap;
   {
+    // Whether this machine's ranks (all of them: virtual nodes share the cores too, and so do
+    // the other groups of the grid) outnumber its cores, as the grid found at init. The
+    // group's k alone said "spin" to two groups of 2 ranks on 2 cores: a spinning waiter
+    // then held the core its peer needed, and 4 KiB all-reduces took 145 us instead of 25.
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    nw->spinMicros = (cores > 0 && nw->k <= cores) ? 50.0 : 0.0;
+    nw->spinMicros = (!detail::oversubscribed() && cores > 0 && nw->k <= cores) ? 50.0 : 0.0;
   }
   MPI_Info info;
   MPI_Info_create(&info);
