@@ -78,10 +78,14 @@
 //     where the profile holds points for a call's collective, algorithm, group size, node
 //     count, dtype class (16-bit or not) and placement (in place or not), the prediction is
 //     multiplied by measured / predicted, interpolated linearly in log(n) between the
-//     measured sizes, held below the smallest, and faded back to 1 over the two octaves
-//     above the largest. The fitted figures above get the shape
-//     right; the 10-30% effects they miss (how the ranks of a node share its cores and cache
-//     in each algorithm's access pattern) decide between shm, ring and rhd on one node.
+//     measured sizes, held below the smallest, and above the largest faded back to 1 over
+//     two octaves on one node (cache effects change with size there) but held on groups that
+//     span nodes (their messages are network-bound from the sizes measured up). Points of the
+//     other float width stand in when the call's own width has none. The fitted figures above
+//     get the shape right; the 10-30% effects they miss (how the ranks of a node share its
+//     cores and cache in each algorithm's access pattern) decide between shm, ring and rhd on
+//     one node, and how a network carries each algorithm's pattern of concurrent transfers
+//     (measured on the rails: one rank per node) decides between ring and rhd across nodes.
 #include "fourd/cost_model.hpp"
 
 #include <algorithm>
@@ -520,33 +524,43 @@ void checkProfile(const MachineProfile& m) {
   }
 }
 
-/// Octaves beyond the largest measured size over which a correction fades back to the model.
+/// Octaves beyond the largest measured size over which a correction of a one-node group fades
+/// back to the model (groups spanning nodes hold it).
 constexpr double kCorrectionFadeOctaves = 2.0;
 
 /// Interpolates log(factor) linearly in log(nbytes) between the matching points of the
-/// profile; constant below the first; beyond the last it fades linearly (in log(factor) over
-/// log2 size) back to 1 within kCorrectionFadeOctaves: a measurement says little about
-/// messages many times larger, where other effects (the caches' capacity) take over and the
-/// model's own terms know more. 1 when none match.
+/// profile; constant below the first; beyond the last, on one node, it fades linearly (in
+/// log(factor) over log2 size) back to 1 within kCorrectionFadeOctaves: a measurement says
+/// little about messages many times larger, where other effects (the caches' capacity) take
+/// over and the model's own terms know more. A group spanning nodes holds the last factor: its
+/// large messages are network-bound, as the measured ones were. Points of the call's own float
+/// width match first; when there
+/// are none, those of the other width do (the calibration measures all_gather and
+/// reduce_scatter in float32 only: an all-gather moves bytes whatever their type, and a 16-bit
+/// reduce-scatter's own reduction rate is already in the model). 1 when none match.
 double interpolatedCorrection(const MachineProfile& m, Collective c, Algorithm a,
                               const GroupShape& s, bool half, bool inPlace, double n) {
   const Correction* below = nullptr;  // the largest point at or below n
   const Correction* above = nullptr;  // the smallest point above n
-  for (const Correction& x : m.corrections) {
-    if (x.collective != c || x.algorithm != a || x.groupSize != s.size || x.nodes != s.nodes ||
-        x.half16 != half || x.inPlace != inPlace) {
-      continue;
+  for (const bool width : {half, !half}) {
+    for (const Correction& x : m.corrections) {
+      if (x.collective != c || x.algorithm != a || x.groupSize != s.size ||
+          x.nodes != s.nodes || x.half16 != width || x.inPlace != inPlace) {
+        continue;
+      }
+      if (x.nbytes <= n) {
+        if (!below || x.nbytes > below->nbytes) below = &x;
+      } else if (!above || x.nbytes < above->nbytes) {
+        above = &x;
+      }
     }
-    if (x.nbytes <= n) {
-      if (!below || x.nbytes > below->nbytes) below = &x;
-    } else if (!above || x.nbytes < above->nbytes) {
-      above = &x;
-    }
+    if (below || above) break;
   }
   if (!below && !above) return 1.0;
   if (!below) return above->factor;
   if (below->nbytes == n) return below->factor;
   if (!above) {
+    if (s.nodes > 1) return below->factor;
     const double fade = std::max(0.0, 1.0 - std::log2(n / below->nbytes) / kCorrectionFadeOctaves);
     return std::exp(fade * std::log(below->factor));
   }

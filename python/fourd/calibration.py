@@ -34,8 +34,13 @@ The measurement (:func:`measure`, collective over the grid's communicator):
   user-defined operator). bfloat16 buffers are numpy uint16 arrays passed with the bfloat16
   code, so no torch is needed;
 - last, measured corrections of the model (:func:`measure_corrections`): every algorithm that
-  can run on that one-node axis, timed at a few sizes, both dtypes and both placements,
-  stored as measured / predicted (``corrections``, applied by cost_model.cpp).
+  can run on that one-node axis, timed at 8 KiB - 16 MiB: all_reduce in both dtypes and both
+  placements, all_gather in both placements and reduce_scatter, in float32; then, where the
+  grid has an axis of rails (one rank on each of several nodes), every algorithm on it at
+  256 KiB - 4 MiB in float32 (the inter-node level of ``hierarchical`` chooses between ring
+  and rhd from these), and on the widest axis whose groups have ranks on several nodes and
+  several on a node, at 1 and 4 MiB in float32; stored as measured / predicted
+  (``corrections``, applied by cost_model.cpp).
 
 fourd's own algorithms are priced 5% slower than measured, so `auto` leaves the library only
 for a clear gain.
@@ -64,7 +69,7 @@ FIELDS = (
     "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw", "reduce_bw_16",
     "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain", "corrections",
 )
-VERSION = 6  # bumped whenever the model or the fits change: older cache files are re-measured
+VERSION = 7  # bumped whenever the model or the fits change: older cache files are re-measured
 _PINGPONG_BYTES = 4 << 20
 _LOCAL_BYTES = 32 << 20
 _KERNEL16_BYTES = 1 << 20
@@ -73,7 +78,23 @@ _COLLECTIVE_BYTES = 4 << 20
 _CHUNKS = 4  # hierarchical pipelining depth written into a measured profile
 # Measured corrections of the model (measure_corrections): all-reduce sizes, and interleaved
 # rounds per size (fewer for the largest, which dominate the time).
-_CORRECTION_SIZES = (64 << 10, 512 << 10, 4 << 20, 16 << 20)
+_CORRECTION_SIZES = (8 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20)
+# What the corrections cover: (collective, dtypes, placements). all_gather moves bytes whatever
+# their type, and a 16-bit reduce-scatter's own reduction rate is in the model already: both in
+# float32 only (their points stand for the 16-bit calls too, cost_model.cpp). fourd's
+# reduce_scatter has no in-place form.
+_CORRECTION_PLAN = (("all_reduce", ("float32", "bfloat16"), (False, True)),
+                    ("all_gather", ("float32",), (False, True)),
+                    ("reduce_scatter", ("float32",), (False,)))
+# Across nodes (larger messages hold the last factor there, cost_model.cpp), float32 only: on
+# the rails (one rank per node; the inter-node level of "hierarchical" runs on them, and its
+# ring or rhd is chosen from these points) from 256 KiB, and on the widest axis with both
+# levels at 1 and 4 MiB (its calls are the slowest to time).
+_RAIL_SIZES = (256 << 10, 1 << 20, 4 << 20)
+_MIXED_SIZES = (1 << 20, 4 << 20)
+_SPANNING_PLAN = (("all_reduce", ("float32",), (False, True)),
+              ("all_gather", ("float32",), (False, True)),
+              ("reduce_scatter", ("float32",), (False,)))
 _CORRECTION_ROUNDS = 5
 _CORRECTION_LARGE = 4 << 20  # from this size: fewer rounds, more untimed calls before each
 _CORRECTION_ROUNDS_LARGE = 3
@@ -335,6 +356,33 @@ def _raw_all_reduce(grid, axis, algorithm: str, src: np.ndarray, dst: np.ndarray
     return call
 
 
+def _raw_call(grid, axis, collective: str, algorithm: str, arena_in: np.ndarray,
+              arena_out: np.ndarray, count: int, np_dtype, code: int, in_place: bool):
+    """A callable running one blocking collective of `count` elements (the nccl-tests S: the
+    gathered output of all_gather, the input of reduce_scatter) on buffers carved from the two
+    arenas, as fourd.bench places them in place and out of place."""
+    src = arena_in[:count * np.dtype(np_dtype).itemsize].view(np_dtype)
+    out = arena_out[:count * np.dtype(np_dtype).itemsize].view(np_dtype)
+    if collective == "all_reduce":
+        return _raw_all_reduce(grid, axis, algorithm, src, src if in_place else out, code)
+    native, opc, algc = grid._plan_call(axis, "sum", algorithm)
+    blk = count // grid.size(axis)
+    if collective == "all_gather":
+        g = grid.rank(axis)
+        inp = out[g * blk:(g + 1) * blk] if in_place else src[:blk]
+        a_in, a_out = inp.__array_interface__["data"][0], out.__array_interface__["data"][0]
+
+        def call():
+            native.all_gather(a_in, blk, a_out, count, code, 0, 0, algc, 0.0, False, None)
+        return call
+    a_in, a_out = src.__array_interface__["data"][0], out.__array_interface__["data"][0]
+
+    def call():
+        native.reduce_scatter(a_in, count, a_out, blk, code, 0, 0, opc, algc, 0.0, False, False,
+                              None)
+    return call
+
+
 def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "float32") -> float:
     """Slowest rank's time of one all_reduce of _COLLECTIVE_BYTES (median over reps). bfloat16
     runs on a numpy uint16 buffer handed to the native communicator with the bfloat16 code, so
@@ -368,96 +416,113 @@ def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "fl
     return float(np.median(slowest))
 
 
-def measure_corrections(grid, axis, margin: float = 1.0) -> list:
-    """Measured / predicted all-reduce times of every algorithm that can run on `axis`, at
-    _CORRECTION_SIZES, float32 and bfloat16, out of place and in place: the profile's
-    ``corrections`` (cost_model.hpp, Correction). Collective over the grid's ranks.
-
-    The model prices the algorithms from a few fitted figures; on a node whose cores the ranks
-    share, the choice between shm, ring and rhd turns on 10-30% effects it does not capture.
-    These points pin each algorithm's prediction to its measured time at the sizes measured
-    (interpolated in between; cost_model.hpp says what happens beyond). Each round times every
-    (algorithm, placement) once, in an order rotated from round to round so that drifting load
-    falls on all alike: untimed calls first, a barrier, then a batch of calls lasting at least
-    _BATCH_S (its length agreed by all ranks); the slowest rank's time; the median round. An
-    algorithm more than _PRUNE times slower than the best at a size of _CORRECTION_LARGE or
-    more is not measured at the larger ones (its last factor holds there). fourd's own
-    algorithms are multiplied by `margin` (the library's are not)."""
+def _median_rounds(comm, calls: list, large: bool) -> np.ndarray:
+    """The slowest rank's time of each callable, the median over rotated rounds (the same
+    figures on every rank). Collective over `comm`."""
     from mpi4py import MPI
 
+    if large:  # one call is a batch; warm-up happens before each timing
+        batch = [1] * len(calls)
+        rounds, warm = _CORRECTION_ROUNDS_LARGE, _CORRECTION_WARM_LARGE
+    else:  # how many calls make _BATCH_S (the slowest rank's estimate, agreed)
+        est = np.empty(len(calls))
+        for i, call in enumerate(calls):
+            call()
+            t0 = time.perf_counter()
+            call()
+            est[i] = time.perf_counter() - t0
+        comm.Allreduce(MPI.IN_PLACE, est, op=MPI.MAX)
+        batch = [max(1, min(64, int(np.ceil(_BATCH_S / max(e, 1e-7))))) for e in est]
+        rounds, warm = _CORRECTION_ROUNDS, 1
+    times = np.empty((rounds, len(calls)))
+    for r in range(rounds):
+        for j in range(len(calls)):
+            i = (j + r) % len(calls)
+            call, m = calls[i], batch[i]
+            # Untimed calls first: the first calls after another algorithm ran up to 2x slower
+            # (16 MiB on 2 ranks: rhd settles over 4-12 calls, ring and shm over 1-3), and a
+            # run of calls of one algorithm, as in training or in fourd.bench, does not pay it.
+            for _ in range(warm):
+                call()
+            comm.Barrier()  # every rank works here; a sleeping one would start cold
+            t0 = time.perf_counter()
+            for _ in range(m):
+                call()
+            times[r, i] = (time.perf_counter() - t0) / m
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return np.median(times, axis=0)
+
+
+def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
+                        sizes=_CORRECTION_SIZES) -> list:
+    """Measured / predicted times of every algorithm that can run on `axis`, at `sizes`, for
+    what `plan` lists (by default _CORRECTION_PLAN: all_reduce in float32 and bfloat16, out of
+    place and in place; all_gather out of place and in place and reduce_scatter out of place,
+    in float32): the profile's ``corrections`` (cost_model.hpp, Correction). Collective over
+    the grid's ranks.
+
+    The model prices the algorithms from a few fitted figures; on a node whose cores the ranks
+    share, the choice between shm, ring and rhd turns on 10-30% effects it does not capture,
+    and at a few KiB on latencies it prices from one ping-pong. These points pin each
+    algorithm's prediction to its measured time at the sizes measured (interpolated in
+    between; cost_model.hpp says what happens beyond). Each round times every (algorithm,
+    placement) once, in an order rotated from round to round so that drifting load falls on
+    all alike: untimed calls first, a barrier, then a batch of calls lasting at least _BATCH_S
+    (its length agreed by all ranks); the slowest rank's time; the median round. An algorithm
+    more than _PRUNE times slower than the best at a size of _CORRECTION_LARGE or more is not
+    measured at the larger ones (its last factor holds there). fourd's own algorithms are
+    multiplied by `margin` (the library's are not)."""
     from . import _C
     from ._tensor import BFLOAT16, FLOAT32
 
     comm = grid.mpi_comm
     shape = _shape(grid, axis)
+    p = grid.size(axis)
     prof = to_native({"corrections": []}, grid._native.profile)
-    ex = grid.explain("all_reduce", _CORRECTION_SIZES[-1], axis)
-    algs = [c["algorithm"] for c in ex["candidates"] if c["supported"]]
+    types = {"float32": (FLOAT32, np.float32, 1.0), "bfloat16": (BFLOAT16, np.uint16, _BF16_ONE)}
     out = []
     # Every size's buffers are carved from two arrays made (and written) once, at the largest
     # size, before the smallest is timed: arrays made just before their size was timed read
     # ring and rhd at 16 MiB up to 1.6x slower than their steady speed.
-    arena_in = np.zeros(_CORRECTION_SIZES[-1], np.uint8)
-    arena_out = np.zeros(_CORRECTION_SIZES[-1], np.uint8)
+    arena_in = np.zeros(sizes[-1], np.uint8)
+    arena_out = np.zeros(sizes[-1], np.uint8)
     arena_in.fill(1)
     arena_out.fill(1)
-    for dtype, code, np_dtype, one in (("float32", FLOAT32, np.float32, 1.0),
-                                       ("bfloat16", BFLOAT16, np.uint16, _BF16_ONE)):
-        active = list(algs)
-        for nbytes in _CORRECTION_SIZES:
-            src = arena_in[:nbytes].view(np_dtype)
-            src.fill(one)
-            dst = arena_out[:nbytes].view(np_dtype)
-            calls = [(alg, in_place,
-                      _raw_all_reduce(grid, axis, alg, src, src if in_place else dst, code))
-                     for alg in active for in_place in (False, True)]
-            large = nbytes >= _CORRECTION_LARGE
-            if large:  # one call is a batch; warm-up happens before each timing
-                batch = [1] * len(calls)
-                rounds, warm = _CORRECTION_ROUNDS_LARGE, _CORRECTION_WARM_LARGE
-            else:  # how many calls make _BATCH_S (the slowest rank's estimate, agreed)
-                est = np.empty(len(calls))
-                for i, (_, _, call) in enumerate(calls):
-                    call()
-                    t0 = time.perf_counter()
-                    call()
-                    est[i] = time.perf_counter() - t0
-                comm.Allreduce(MPI.IN_PLACE, est, op=MPI.MAX)
-                batch = [max(1, min(64, int(np.ceil(_BATCH_S / max(e, 1e-7))))) for e in est]
-                rounds, warm = _CORRECTION_ROUNDS, 1
-            times = np.empty((rounds, len(calls)))
-            for r in range(rounds):
-                for j in range(len(calls)):
-                    i = (j + r) % len(calls)
-                    call, m = calls[i][2], batch[i]
-                    # Untimed calls first: the first calls after another algorithm ran up to
-                    # 2x slower (16 MiB on 2 ranks: rhd settles over 4-12 calls, ring and shm
-                    # over 1-3), and a run of calls of one algorithm, as in training or in
-                    # fourd.bench, does not pay that.
-                    for _ in range(warm):
-                        call()
-                    comm.Barrier()  # every rank works here; a sleeping one would start cold
-                    t0 = time.perf_counter()
-                    for _ in range(m):
-                        call()
-                    times[r, i] = (time.perf_counter() - t0) / m
-            comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # the same figures on every rank
-            med = np.median(times, axis=0)
-            fastest = {}
-            for i, (alg, in_place, _) in enumerate(calls):
-                fastest[alg] = min(fastest.get(alg, np.inf), float(med[i]))
-                model = _C.predict("all_reduce", alg, nbytes, dtype, shape, prof, in_place)
-                if not (model > 0 and np.isfinite(model)):
+    for collective, dtypes, placements in plan:
+        ex = grid.explain(collective, sizes[-1], axis)
+        algs = [c["algorithm"] for c in ex["candidates"] if c["supported"]]
+        for dtype in dtypes:
+            code, np_dtype, one = types[dtype]
+            item = np.dtype(np_dtype).itemsize
+            active = list(algs)
+            for size in sizes:
+                count = size // item
+                if collective != "all_reduce":
+                    count -= count % p  # a block per rank (nccl-tests rounding)
+                if count == 0:
                     continue
-                factor = float(med[i]) / model * (1.0 if alg == "flat" else margin)
-                out.append({"collective": "all_reduce", "algorithm": alg,
-                            "group_size": int(shape.size), "nodes": int(shape.nodes),
-                            "half16": dtype == "bfloat16", "in_place": in_place,
-                            "nbytes": float(nbytes), "factor": min(10.0, max(0.1, factor)),
-                            "measured_s": float(med[i])})
-            if large:  # below, latency and caches decide: no guide to the larger sizes
-                best = min(fastest.values())
-                active = [a for a in active if fastest[a] <= _PRUNE * best]
+                nbytes = count * item
+                arena_in[:nbytes].view(np_dtype).fill(one)
+                calls = [(alg, in_place, _raw_call(grid, axis, collective, alg, arena_in,
+                                                   arena_out, count, np_dtype, code, in_place))
+                         for alg in active for in_place in placements]
+                large = nbytes >= _CORRECTION_LARGE
+                med = _median_rounds(comm, [c[2] for c in calls], large)
+                fastest = {}
+                for i, (alg, in_place, _) in enumerate(calls):
+                    fastest[alg] = min(fastest.get(alg, np.inf), float(med[i]))
+                    model = _C.predict(collective, alg, nbytes, dtype, shape, prof, in_place)
+                    if not (model > 0 and np.isfinite(model)):
+                        continue
+                    factor = float(med[i]) / model * (1.0 if alg == "flat" else margin)
+                    out.append({"collective": collective, "algorithm": alg,
+                                "group_size": int(shape.size), "nodes": int(shape.nodes),
+                                "half16": dtype == "bfloat16", "in_place": in_place,
+                                "nbytes": float(nbytes), "factor": min(10.0, max(0.1, factor)),
+                                "measured_s": float(med[i])})
+                if large:  # below, latency and caches decide: no guide to the larger sizes
+                    best = min(fastest.values())
+                    active = [a for a in active if fastest[a] <= _PRUNE * best]
     return out
 
 
@@ -469,10 +534,10 @@ def _shape(grid, axis):
     return _C.GroupShape(t["size"], t["num_nodes"], k if k else 1, bool(t["uniform"]))
 
 
-def _one_node_axis(grid):
-    """The widest axis (mask) whose groups all sit on one node, with >= 2 ranks each, or None.
-    Decided from every rank's placement, so that all ranks pick the same axis (groups of one
-    axis may sit differently on uneven nodes)."""
+def _widest_axis(grid, fits):
+    """The widest axis (name tuple) with >= 2 ranks per group for which `fits(nodes of a group's
+    ranks)` holds for every group, or None. Decided from every rank's placement, so that all
+    ranks pick the same axis (groups of one axis may sit differently on uneven nodes)."""
     native = grid._native
     n = grid.world_size
     nodes = [native.node_of(r) for r in range(n)]
@@ -481,10 +546,27 @@ def _one_node_axis(grid):
         size = len(native.group_ranks(0, mask))
         if size <= best_size:
             continue
-        if all(len({nodes[m] for m in native.group_ranks(r, mask)}) == 1 for r in range(n)):
+        if all(fits([nodes[m] for m in native.group_ranks(r, mask)]) for r in range(n)):
             best = tuple(a for b, a in zip((1, 2, 4, 8), ("x", "y", "z", "data")) if mask & b)
             best_size = size
     return best
+
+
+def _one_node_axis(grid):
+    """The widest axis whose groups each sit on one node."""
+    return _widest_axis(grid, lambda g: len(set(g)) == 1)
+
+
+def _rail_axis(grid):
+    """The widest axis whose groups each hold one rank on each of >= 2 nodes (the rails of
+    "hierarchical")."""
+    return _widest_axis(grid, lambda g: len(set(g)) == len(g))
+
+
+def _mixed_axis(grid):
+    """The widest axis whose groups each span >= 2 nodes with more than one rank on some (where
+    "hierarchical" runs its two levels)."""
+    return _widest_axis(grid, lambda g: 1 < len(set(g)) < len(g))
 
 
 def measure(grid) -> dict:
@@ -573,6 +655,18 @@ def measure(grid) -> dict:
         # Last, with every fitted figure in place: measured corrections of the model on the
         # node's groups, where the algorithms' real differences are smallest and matter most.
         d["corrections"] = measure_corrections(grid, axis, _MARGIN) if axis is not None else []
+        # And across nodes: on the rails, where the network decides between ring and rhd (the
+        # inter-node level of hierarchical too), and on the widest axis with both levels,
+        # where it decides whether hierarchical's extra intra-node traffic pays (on the emulated
+        # 4 x 2 cluster, 8 ranks on 2 cores, the model priced hierarchical all_gather at 0.45x
+        # ring at 16 MiB; it ran 1.1-1.3x slower).
+        rail, mixed = _rail_axis(grid), _mixed_axis(grid)
+        if rail is not None:
+            d["corrections"] += measure_corrections(grid, rail, _MARGIN, _SPANNING_PLAN,
+                                                    _RAIL_SIZES)
+        if mixed is not None:
+            d["corrections"] += measure_corrections(grid, mixed, _MARGIN, _SPANNING_PLAN,
+                                                    _MIXED_SIZES)
         d = comm.bcast(d, root=0)
         d["calibration_seconds"] = time.perf_counter() - t0
         return d

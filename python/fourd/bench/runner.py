@@ -39,7 +39,7 @@ FIRST_CELL_WARMUP = 20  # extra untimed calls before the first timed cell of a r
 LONG_CALL_S = 100e-6  # calls at least this long (the slowest rank's) ...
 LONG_CALL_WARMUP = 12  # ... get at least this many warm-up calls
 MIN_ITERS = 3
-MAX_ITERS = 20
+MAX_ITERS = 1000
 # fourd errors raised by argument validation, before any communication: the same at every size.
 _STATIC_ERRORS = ("InvalidArgumentError", "DTypeError")
 

@@ -590,15 +590,37 @@ TEST(CostModelCorrections, ExactAtPointsInterpolatedInLogSizeHeldBelowFadedAbove
   EXPECT_DOUBLE_EQ(ringAR(1 << 20, m), ringAR(1 << 20, plain));
 }
 
+TEST(CostModelCorrections, GroupsSpanningNodesHoldTheLargestPoint) {
+  const MachineProfile plain = unitProfile();
+  MachineProfile m = plain;
+  GroupShape rail;
+  rail.size = 4;
+  rail.nodes = 4;
+  rail.ranksPerNode = 1;
+  rail.uniform = true;
+  m.corrections = {point(Algorithm::kRhd, 1 << 20, 2.0, false, false, 4, 4)};
+  auto rhd = [&](size_t n, const MachineProfile& p) {
+    return predict(Collective::kAllReduce, Algorithm::kRhd, n, DataType::kFloat32, rail, p);
+  };
+  EXPECT_DOUBLE_EQ(rhd(1 << 20, m), 2.0 * rhd(1 << 20, plain));
+  EXPECT_DOUBLE_EQ(rhd(64 << 20, m), 2.0 * rhd(64 << 20, plain));  // no fade across nodes
+  EXPECT_DOUBLE_EQ(rhd(1024, m), 2.0 * rhd(1024, plain));
+  // The same point on one node's group of 4 does not apply there (node count differs).
+  EXPECT_DOUBLE_EQ(
+      predict(Collective::kAllReduce, Algorithm::kRhd, 1 << 20, DataType::kFloat32, oneNode(4), m),
+      predict(Collective::kAllReduce, Algorithm::kRhd, 1 << 20, DataType::kFloat32, oneNode(4), plain));
+}
+
 TEST(CostModelCorrections, OnlyMatchingPointsApply) {
   const MachineProfile plain = unitProfile();
   MachineProfile m = plain;
   m.corrections = {point(Algorithm::kRing, 1024, 3.0, /*inPlace=*/true)};
-  // Another placement, dtype class, algorithm, group size or collective: the plain model.
+  // Another placement, algorithm, group size or collective: the plain model.
   EXPECT_DOUBLE_EQ(ringAR(1024, m, false), ringAR(1024, plain));
-  EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kBFloat16),
-                   ringAR(1024, plain, true, DataType::kBFloat16));
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true), 3.0 * ringAR(1024, plain));
+  // The other float width: its points apply while the call's own width has none.
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kBFloat16),
+                   3.0 * ringAR(1024, plain, true, DataType::kBFloat16));
   EXPECT_DOUBLE_EQ(
       predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32, oneNode(4), m, true),
       predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32, oneNode(4), plain, true));
@@ -608,9 +630,11 @@ TEST(CostModelCorrections, OnlyMatchingPointsApply) {
   EXPECT_DOUBLE_EQ(
       predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(4), m, true),
       predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(4), plain, true));
-  m.corrections.push_back(point(Algorithm::kRing, 1024, 0.25, true, /*half16=*/true));
+  // Once the call's own width has points, only they apply, to every size (held below).
+  m.corrections.push_back(point(Algorithm::kRing, 4096, 0.25, true, /*half16=*/true));
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kFloat16),
                    0.25 * ringAR(1024, plain, true, DataType::kFloat16));
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, true), 3.0 * ringAR(1024, plain));
 }
 
 TEST(CostModelCorrections, TheyDecideTheChoiceAndExplainShowsThem) {
