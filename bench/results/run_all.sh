@@ -16,12 +16,15 @@ run() {  # name, then the command
   "$@" 2>&1 | tee "$OUT/$name.txt"
 }
 
+# Every comparison between implementations measures each row in 3 rounds, the cells in an
+# order rotated from round to round, and reports each cell's median round (-R 3).
+
 # One node: all_reduce float32 and bfloat16, 1 MiB - 64 MiB, every algorithm, both baselines;
 # 20 timed calls per cell at every size (adaptive timing gives the largest only 3).
 for n in 2 4; do
   run onenode_np${n}_all_reduce "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
     --grid x=$n --ranks-per-node $n --axis world --collective all_reduce -d float,bfloat16 \
-    -b 1M -e 64M -f 4 -n 20 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
+    -b 1M -e 64M -f 4 -n 20 -R 3 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
     --csv $OUT/onenode_np${n}_all_reduce.csv --plot $OUT/onenode_np${n}_all_reduce.png
 done
 
@@ -32,7 +35,7 @@ for n in 2 4; do
     --ranks-per-node $n --out $OUT/profile_onenode_np${n}.json
   "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench --grid x=$n --ranks-per-node $n --axis x \
     --collective all_reduce -d float,bfloat16 -b 1M -e 64M -f 4 \
-    --algorithm auto,flat,ring,rhd,shm --baseline mpi \
+    --algorithm auto,flat,ring,rhd,shm --baseline mpi -R 3 \
     --json $OUT/validation_onenode_np${n}_bench.json --quiet
   "$PY" -m fourd.plan.validate $OUT/validation_onenode_np${n}_bench.json \
     --machine $OUT/profile_onenode_np${n}.json --out $OUT/validation_onenode_np${n}.md \
@@ -54,8 +57,8 @@ for n in 2 4; do
     --baseline mpi -b 8 -e 8 -n 20000 -w 500 --timing batch --json $OUT/overhead_8B_np${n}_batch.json
 done
 
-# The README's main command: the default sweep on 4 ranks (2 x 2 virtual nodes).
-run default_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.bench \
+# The README's main command, the default sweep on 4 ranks (2 x 2 virtual nodes), in 3 rounds.
+run default_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.bench -R 3 \
   --json $OUT/default_np4.json --plot $OUT/default_np4.png
 
 # Emulated clusters (root), 4 Gbit/s per node link: 2 nodes x 2 ranks, 2 nodes x 3 ranks,
@@ -63,7 +66,7 @@ run default_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.bench \
 for shape in 2x2 2x3 4x2; do
   run cluster_$shape bench/cluster/run_cluster.sh --nodes ${shape%x*} --ranks-per-node ${shape#*x} \
     --rate 4gbit --python "$PY" -- --axis world --collective all_reduce,all_gather,reduce_scatter \
-    -b 1M -e 64M -f 4 --algorithm all --json $OUT/cluster_$shape.json \
+    -b 1M -e 64M -f 4 -R 3 --algorithm all --json $OUT/cluster_$shape.json \
     --csv $OUT/cluster_$shape.csv --plot $OUT/cluster_$shape.png
 done
 
