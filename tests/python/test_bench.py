@@ -235,6 +235,32 @@ def test_schema_validation_and_writers(tmp_path):
 
 # ---- under mpiexec ----------------------------------------------------------------------------
 
+def test_auto_check_counts_cells_and_the_run_noise():
+    def cell(alg, t, med, size, choice=None):
+        return _row(algorithm=alg, time_us=t, time_us_median=med, size_bytes=size,
+                    auto_choice=choice)
+    rows = [
+        # 1 KiB: auto ran ring, 1.05x the fastest (rhd) by time, 1.0x by median: within.
+        cell("auto", 10.5, 9.0, 1024, "ring"), cell("ring", 12.0, 9.5, 1024),
+        cell("rhd", 10.0, 9.0, 1024),
+        # 4 KiB: auto ran rhd, 1.5x by time (a stall) but 1.05x by median.
+        cell("auto", 30.0, 10.5, 4096, "rhd"), cell("rhd", 20.0, 10.0, 4096),
+        _row(library="mpi", algorithm="mpi", time_us=1.0, size_bytes=4096),  # not a fourd cell
+        # 16 KiB: no auto cell, not counted.
+        cell("ring", 5.0, 5.0, 16384),
+    ]
+    ac = report.auto_check(rows)
+    assert (ac["cells"], ac["within_by_time"], ac["within_by_median"]) == (2, 1, 2)
+    assert ac["worst"]["size_bytes"] == 4096 and ac["worst"]["ratio"] == pytest.approx(1.5)
+    assert ac["worst"]["auto_choice"] == "rhd" and ac["worst"]["best_algorithm"] == "rhd"
+    # auto vs the algorithm it ran: |10.5/12 - 1| = 0.125 and |30/20 - 1| = 0.5.
+    assert ac["same_algorithm_cells"] == 2
+    assert ac["same_algorithm_diff_median"] == pytest.approx(0.125)
+    assert ac["same_algorithm_diff_max"] == pytest.approx(0.5)
+    assert report.auto_check([cell("ring", 5.0, 5.0, 1024)]) is None
+    assert report.summarize(rows)["auto_check"] == ac
+
+
 def test_bench_runs_under_mpi(tmp_path):
     """A short real sweep on 4 ranks: every check passes, fourd and baseline rows exist, and the
     three files are valid."""

@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-i", "--stepbytes", type=_size, default=None, metavar="SIZE",
                    help="add SIZE bytes from one row to the next instead of -f")
     g.add_argument("-n", "--iters", type=int, default=None, metavar="N",
-                   help="timed iterations per row (default: adaptive, 3 to 20, about 50 ms of "
+                   help="timed iterations per row (default: adaptive, 3 to 1000, about 50 ms of "
                         "timed work per row)")
     g.add_argument("-w", "--warmup_iters", "--warmup-iters", dest="warmup_iters", type=int,
                    default=5, metavar="N",

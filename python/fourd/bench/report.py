@@ -299,6 +299,53 @@ def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+AUTO_MARGIN = 1.10  # the issue's "within 10% of the best single algorithm"
+
+
+def auto_check(rows: list) -> dict | None:
+    """auto against the single fourd algorithms of the same run, per (collective, axis, dtype,
+    op, size, placement) where auto and at least one single algorithm were measured: how many
+    auto cells are within AUTO_MARGIN of the fastest single algorithm by mean time and by
+    per-iteration median, the worst cell, and the run's own noise: the difference between the
+    auto cell and the cell of the algorithm auto ran (the same code measured twice)."""
+    cells = {}
+    for r in rows:
+        if r["library"] != "fourd":
+            continue
+        k = (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"], r["in_place"])
+        cells.setdefault(k, {})[r["algorithm"]] = r
+    n = by_time = by_median = 0
+    worst, same = None, []
+    for k, algs in cells.items():
+        auto = algs.get("auto")
+        singles = {a: r for a, r in algs.items() if a != "auto"}
+        if auto is None or not singles:
+            continue
+        n += 1
+        best = min(singles.values(), key=lambda r: r["time_us"])
+        best_med = min(r["time_us_median"] for r in singles.values())
+        ratio = auto["time_us"] / best["time_us"]
+        by_time += ratio <= AUTO_MARGIN
+        by_median += auto["time_us_median"] / best_med <= AUTO_MARGIN
+        if worst is None or ratio > worst["ratio"]:
+            worst = {"collective": k[0], "axis": k[1], "dtype": k[2], "op": k[3],
+                     "size_bytes": k[4], "in_place": k[5], "ratio": ratio,
+                     "auto_choice": auto["auto_choice"], "best_algorithm": best["algorithm"]}
+        twin = singles.get(auto["auto_choice"] or "")
+        if twin is not None:
+            same.append(abs(auto["time_us"] / twin["time_us"] - 1.0))
+    if n == 0:
+        return None
+    same.sort()
+    return {
+        "margin": AUTO_MARGIN, "cells": n, "within_by_time": by_time,
+        "within_by_median": by_median, "worst": worst,
+        "same_algorithm_cells": len(same),
+        "same_algorithm_diff_median": same[(len(same) - 1) // 2] if same else None,
+        "same_algorithm_diff_max": same[-1] if same else None,
+    }
+
+
 def summarize(rows: list) -> dict:
     """Per (collective, axis, implementation): average busbw and efficiency, geometric-mean
     speed ratios; per (collective, axis, dtype, op, size): the fastest fourd algorithm and the
@@ -345,6 +392,7 @@ def summarize(rows: list) -> dict:
     return {
         "per_algorithm": per,
         "best_per_size": best,
+        "auto_check": auto_check(rows),
         "avg_busbw_gbps": (sum(r["busbw_gbps"] for r in fourd_rows) / len(fourd_rows)) if fourd_rows else None,
         "wrong_total": wrong,
         "rows": len(rows),
@@ -378,6 +426,21 @@ def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: in
             items.append(txt)
         op = "" if g[3] == "none" else f" {g[3]}"
         pr.line(f"#   {g[0]} {g[1]} {g[2]}{op}: {' '.join(items)}", always=True)
+    ac = summary.get("auto_check")
+    if ac:
+        w = ac["worst"]
+        where = (f"{w['collective']} {w['axis']} {w['dtype']} {fmt_size(w['size_bytes'])} "
+                 f"{'in-place' if w['in_place'] else 'out-of-place'}: auto ran "
+                 f"{w['auto_choice']}, fastest {w['best_algorithm']}")
+        pr.line(f"# auto within {round((ac['margin'] - 1) * 100)}% of the fastest single algorithm: "
+                f"{ac['within_by_time']}/{ac['cells']} cells by time, {ac['within_by_median']}/"
+                f"{ac['cells']} by per-iteration median; worst {ac['worst']['ratio']:.2f}x "
+                f"({where})", always=True)
+        if ac["same_algorithm_cells"]:
+            pr.line(f"# run noise: auto's cell vs the cell of the algorithm it ran (same code, "
+                    f"{ac['same_algorithm_cells']} cells): median difference "
+                    f"{ac['same_algorithm_diff_median'] * 100:.0f}%, largest "
+                    f"{ac['same_algorithm_diff_max'] * 100:.0f}%", always=True)
     wrong = summary["wrong_total"]
     pr.line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", always=True)
     avg = summary["avg_busbw_gbps"]
