@@ -81,7 +81,7 @@
 //     measured sizes, held below the smallest, and above the largest faded back to 1 over
 //     two octaves on one node (cache effects change with size there) but held on groups that
 //     span nodes (their messages are network-bound from the sizes measured up). Points of the
-//     other float width stand in when the call's own width has none. The fitted figures above
+//     other float width, then of the other placement, stand in when the call's own have none. The fitted figures above
 //     get the shape right; the 10-30% effects they miss (how the ranks of a node share its
 //     cores and cache in each algorithm's access pattern) decide between shm, ring and rhd on
 //     one node, and how a network carries each algorithm's pattern of concurrent transfers
@@ -534,18 +534,21 @@ constexpr double kCorrectionFadeOctaves = 2.0;
 /// little about messages many times larger, where other effects (the caches' capacity) take
 /// over and the model's own terms know more. A group spanning nodes holds the last factor: its
 /// large messages are network-bound, as the measured ones were. Points of the call's own float
-/// width match first; when there
-/// are none, those of the other width do (the calibration measures all_gather and
-/// reduce_scatter in float32 only: an all-gather moves bytes whatever their type, and a 16-bit
-/// reduce-scatter's own reduction rate is already in the model). 1 when none match.
+/// width and placement match first; when there are none, those of the other width, then of the
+/// other placement (the calibration measures all_gather and reduce_scatter in float32 only, an
+/// all-gather moving bytes whatever their type and a 16-bit reduce-scatter's own reduction
+/// rate being in the model already; and across nodes, where the network decides, out of place
+/// only). 1 when none match.
 double interpolatedCorrection(const MachineProfile& m, Collective c, Algorithm a,
                               const GroupShape& s, bool half, bool inPlace, double n) {
   const Correction* below = nullptr;  // the largest point at or below n
   const Correction* above = nullptr;  // the smallest point above n
-  for (const bool width : {half, !half}) {
+  // The call's own width and placement first; then the other width, the other placement, both.
+  const bool prefs[4][2] = {{half, inPlace}, {!half, inPlace}, {half, !inPlace}, {!half, !inPlace}};
+  for (const auto& pref : prefs) {
     for (const Correction& x : m.corrections) {
       if (x.collective != c || x.algorithm != a || x.groupSize != s.size ||
-          x.nodes != s.nodes || x.half16 != width || x.inPlace != inPlace) {
+          x.nodes != s.nodes || x.half16 != pref[0] || x.inPlace != pref[1]) {
         continue;
       }
       if (x.nbytes <= n) {

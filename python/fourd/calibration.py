@@ -10,7 +10,7 @@ machine it runs on, identical on every rank (rank 0 decides and broadcasts):
 3. Otherwise the cached profile of this machine and layout,
    ``$XDG_CACHE_HOME/fourd/profile-<host>-<nranks>-<nodes>n[-v<rpn>].json`` (``~/.cache`` when
    unset), or, when there is none (or ``FOURD_CALIBRATE=force``), a short measurement
-   (2-3 seconds on a 2-core machine) saved there for next time.
+   (3-10 seconds on a 2-core machine with 2-8 ranks) saved there for next time.
 
 The measurement (:func:`measure`, collective over the grid's communicator):
 
@@ -37,9 +37,9 @@ The measurement (:func:`measure`, collective over the grid's communicator):
   can run on that one-node axis, timed at 8 KiB - 16 MiB: all_reduce in both dtypes and both
   placements, all_gather in both placements and reduce_scatter, in float32; then, where the
   grid has an axis of rails (one rank on each of several nodes), every algorithm on it at
-  256 KiB - 4 MiB in float32 (the inter-node level of ``hierarchical`` chooses between ring
-  and rhd from these), and on the widest axis whose groups have ranks on several nodes and
-  several on a node, at 1 and 4 MiB in float32; stored as measured / predicted
+  256 KiB - 4 MiB (the inter-node level of ``hierarchical`` chooses between ring and rhd from
+  these), and on the widest axis whose groups have ranks on several nodes and several on a
+  node, at 1 and 4 MiB, both in float32 out of place; stored as measured / predicted
   (``corrections``, applied by cost_model.cpp).
 
 fourd's own algorithms are priced 5% slower than measured, so `auto` leaves the library only
@@ -86,15 +86,19 @@ _CORRECTION_SIZES = (8 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20)
 _CORRECTION_PLAN = (("all_reduce", ("float32", "bfloat16"), (False, True)),
                     ("all_gather", ("float32",), (False, True)),
                     ("reduce_scatter", ("float32",), (False,)))
-# Across nodes (larger messages hold the last factor there, cost_model.cpp), float32 only: on
+# Across nodes (larger messages hold the last factor there, cost_model.cpp), float32 and out of
+# place only (the network decides there, not the placement: in-place calls use these points;
+# the calibration's in-place and out-of-place timings of one algorithm on the emulated 2 x 2
+# cluster differed by up to 1.45x, noise that misled auto between them): on
 # the rails (one rank per node; the inter-node level of "hierarchical" runs on them, and its
 # ring or rhd is chosen from these points) from 256 KiB, and on the widest axis with both
 # levels at 1 and 4 MiB (its calls are the slowest to time).
 _RAIL_SIZES = (256 << 10, 1 << 20, 4 << 20)
 _MIXED_SIZES = (1 << 20, 4 << 20)
-_SPANNING_PLAN = (("all_reduce", ("float32",), (False, True)),
-              ("all_gather", ("float32",), (False, True)),
-              ("reduce_scatter", ("float32",), (False,)))
+_SPANNING_PLAN = (("all_reduce", ("float32",), (False,)),
+                  ("all_gather", ("float32",), (False,)),
+                  ("reduce_scatter", ("float32",), (False,)))
+_SPANNING_ROUNDS_LARGE = 5  # one call a round: the network's spread needs more rounds
 _CORRECTION_ROUNDS = 5
 _CORRECTION_LARGE = 4 << 20  # from this size: fewer rounds, more untimed calls before each
 _CORRECTION_ROUNDS_LARGE = 3
@@ -416,14 +420,15 @@ def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "fl
     return float(np.median(slowest))
 
 
-def _median_rounds(comm, calls: list, large: bool) -> np.ndarray:
+def _median_rounds(comm, calls: list, large: bool,
+                   rounds_large: int = _CORRECTION_ROUNDS_LARGE) -> np.ndarray:
     """The slowest rank's time of each callable, the median over rotated rounds (the same
     figures on every rank). Collective over `comm`."""
     from mpi4py import MPI
 
     if large:  # one call is a batch; warm-up happens before each timing
         batch = [1] * len(calls)
-        rounds, warm = _CORRECTION_ROUNDS_LARGE, _CORRECTION_WARM_LARGE
+        rounds, warm = rounds_large, _CORRECTION_WARM_LARGE
     else:  # how many calls make _BATCH_S (the slowest rank's estimate, agreed)
         est = np.empty(len(calls))
         for i, call in enumerate(calls):
@@ -454,7 +459,8 @@ def _median_rounds(comm, calls: list, large: bool) -> np.ndarray:
 
 
 def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
-                        sizes=_CORRECTION_SIZES) -> list:
+                        sizes=_CORRECTION_SIZES,
+                        rounds_large: int = _CORRECTION_ROUNDS_LARGE) -> list:
     """Measured / predicted times of every algorithm that can run on `axis`, at `sizes`, for
     what `plan` lists (by default _CORRECTION_PLAN: all_reduce in float32 and bfloat16, out of
     place and in place; all_gather out of place and in place and reduce_scatter out of place,
@@ -507,7 +513,7 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
                                                    arena_out, count, np_dtype, code, in_place))
                          for alg in active for in_place in placements]
                 large = nbytes >= _CORRECTION_LARGE
-                med = _median_rounds(comm, [c[2] for c in calls], large)
+                med = _median_rounds(comm, [c[2] for c in calls], large, rounds_large)
                 fastest = {}
                 for i, (alg, in_place, _) in enumerate(calls):
                     fastest[alg] = min(fastest.get(alg, np.inf), float(med[i]))
@@ -663,10 +669,10 @@ def measure(grid) -> dict:
         rail, mixed = _rail_axis(grid), _mixed_axis(grid)
         if rail is not None:
             d["corrections"] += measure_corrections(grid, rail, _MARGIN, _SPANNING_PLAN,
-                                                    _RAIL_SIZES)
+                                                    _RAIL_SIZES, _SPANNING_ROUNDS_LARGE)
         if mixed is not None:
             d["corrections"] += measure_corrections(grid, mixed, _MARGIN, _SPANNING_PLAN,
-                                                    _MIXED_SIZES)
+                                                    _MIXED_SIZES, _SPANNING_ROUNDS_LARGE)
         d = comm.bcast(d, root=0)
         d["calibration_seconds"] = time.perf_counter() - t0
         return d

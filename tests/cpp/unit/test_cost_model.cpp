@@ -615,9 +615,10 @@ TEST(CostModelCorrections, OnlyMatchingPointsApply) {
   const MachineProfile plain = unitProfile();
   MachineProfile m = plain;
   m.corrections = {point(Algorithm::kRing, 1024, 3.0, /*inPlace=*/true)};
-  // Another placement, algorithm, group size or collective: the plain model.
-  EXPECT_DOUBLE_EQ(ringAR(1024, m, false), ringAR(1024, plain));
+  // Another algorithm, group size or collective: the plain model.
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true), 3.0 * ringAR(1024, plain));
+  // The other placement: its points apply while the call's own placement has none.
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, false), 3.0 * ringAR(1024, plain));
   // The other float width: its points apply while the call's own width has none.
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kBFloat16),
                    3.0 * ringAR(1024, plain, true, DataType::kBFloat16));
@@ -635,6 +636,12 @@ TEST(CostModelCorrections, OnlyMatchingPointsApply) {
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kFloat16),
                    0.25 * ringAR(1024, plain, true, DataType::kFloat16));
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true), 3.0 * ringAR(1024, plain));
+  // The other width comes before the other placement: a 16-bit out-of-place call takes the
+  // float32 out-of-place point over the 16-bit in-place one.
+  m.corrections.push_back(point(Algorithm::kRing, 1024, 5.0, false, false));
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, false, DataType::kBFloat16),
+                   5.0 * ringAR(1024, plain, false, DataType::kBFloat16));
+  EXPECT_DOUBLE_EQ(ringAR(1024, m, false), 5.0 * ringAR(1024, plain));
 }
 
 TEST(CostModelCorrections, TheyDecideTheChoiceAndExplainShowsThem) {
@@ -650,7 +657,8 @@ TEST(CostModelCorrections, TheyDecideTheChoiceAndExplainShowsThem) {
   EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true), plainChoice);
   m.corrections.push_back(point(plainChoice, double(n), 100.0, true));
   EXPECT_NE(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true), plainChoice);
-  // Out of place has no points: the plain model's choice.
+  // Out of place with points of its own, all exact: the plain model's choice.
+  for (Algorithm a : kConcrete) m.corrections.push_back(point(a, double(n), 1.0, false));
   EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, false), plainChoice);
   for (const Prediction& p :
        candidates(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true)) {

@@ -282,6 +282,10 @@ def test_auto_follows_measured_corrections_per_placement_at_once():
         corr = [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
                  "half16": False, "in_place": True, "nbytes": float(n), "factor": 100.0}
                 for a in ("flat", "ring", "rhd", "shm") if a != winner]
+        # Out of place: points of its own, all exact (without them the in-place ones apply).
+        corr += [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
+                  "half16": False, "in_place": False, "nbytes": float(n), "factor": 1.0}
+                 for a in ("flat", "ring", "rhd", "shm")]
         g._native.set_profile(calibration.to_native({"corrections": corr}, saved))
         e = g.explain("all_reduce", n, "x", in_place=True)
         assert e["choice"] == winner and e["in_place"], e
@@ -289,13 +293,67 @@ def test_auto_follows_measured_corrections_per_placement_at_once():
         rows = {r["algorithm"]: r for r in e["candidates"]}
         assert rows[winner]["correction"] == 1.0 and all(
             rows[a]["correction"] == 100.0 for a in ("flat", "ring", "rhd", "shm") if a != winner)
-        # Out of place has no points: the model's choice.
+        # Out of place, exact points: the model's choice.
         assert g.explain("all_reduce", n, "x")["choice"] == plain_out
         # auto runs (the per-communicator memo follows the new profile) and is exact.
         t = make(np.int32, values(ME, n // 4))
         fourd.all_reduce(t, "x", algorithm="auto")
         check(t, oracle("sum", g.ranks("x"), n // 4), "sum", np.int32, f"auto ({winner})")
     g._native.set_profile(saved)
+    fourd.finalize()
+
+
+def test_calibration_axes_raw_calls_and_spanning_points():
+    """The calibration's three axes (one node, rails, both levels), the raw calls it times
+    (exact, both placements), and points measured across nodes carrying the group's shape."""
+    from fourd import calibration as cal
+    from fourd._tensor import FLOAT32
+
+    if N % 2:
+        return
+    g = fourd.init(x=2, data=N // 2, ranks_per_node=2)
+    assert cal._one_node_axis(g) == ("x",)
+    if N >= 4:
+        assert cal._rail_axis(g) == ("data",) and cal._mixed_axis(g) == ("x", "data")
+    else:
+        assert cal._rail_axis(g) is None and cal._mixed_axis(g) is None
+    # The same order on every rank (a set's order of strings differs between processes).
+    for axis in dict.fromkeys((("x",), cal._rail_axis(g) or ("x",), cal._mixed_axis(g) or ("x",))):
+        p, r, ranks = g.size(axis), g.rank(axis), g.ranks(axis)
+        count = 5 * p
+        mine = values(ME, count).astype(np.float32)
+        for coll, in_place in (("all_reduce", False), ("all_reduce", True),
+                               ("all_gather", False), ("all_gather", True),
+                               ("reduce_scatter", False)):
+            for algo in ("flat", "ring", "rhd") + (("hierarchical",) if len(axis) == 2 else ()):
+                a_in, a_out = np.zeros(count * 4, np.uint8), np.zeros(count * 4, np.uint8)
+                src, out = a_in.view(np.float32), a_out.view(np.float32)
+                src[:] = mine
+                if coll == "all_gather" and in_place:
+                    out[r * 5:(r + 1) * 5] = mine[:5]
+                cal._raw_call(g, axis, coll, algo, a_in, a_out, count, np.float32, FLOAT32,
+                              in_place)()
+                what = f"raw {coll} {algo} {axis} in_place={in_place}"
+                if coll == "all_reduce":
+                    check(src if in_place else out, oracle("sum", ranks, count), "sum",
+                          np.float32, what)
+                elif coll == "all_gather":
+                    want = np.concatenate([values(q, count)[:5] for q in ranks])
+                    np.testing.assert_array_equal(out, want.astype(np.float32), what)
+                else:
+                    check(out[:5], oracle("sum", ranks, count)[r * 5:(r + 1) * 5], "sum",
+                          np.float32, what)
+    if N >= 4:
+        plan = (("all_gather", ("float32",), (False,)),)
+        for axis, nodes in ((cal._rail_axis(g), N // 2), (cal._mixed_axis(g), N // 2)):
+            pts = cal.measure_corrections(g, axis, 1.0, plan, (64 << 10,))
+            algs = {c["algorithm"] for c in g.explain("all_gather", 64 << 10, axis)["candidates"]
+                    if c["supported"]}
+            assert {x["algorithm"] for x in pts} == algs, (pts, algs)
+            for x in pts:
+                assert x["collective"] == "all_gather" and x["nodes"] == nodes
+                assert x["group_size"] == g.size(axis) and not x["half16"]
+                assert 0.1 <= x["factor"] <= 10.0 and x["measured_s"] > 0
     fourd.finalize()
 
 
