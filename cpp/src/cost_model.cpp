@@ -78,10 +78,10 @@
 //     where the profile holds points for a call's collective, algorithm, group size, node
 //     count, dtype class (16-bit or not) and placement (in place or not), the prediction is
 //     multiplied by measured / predicted, interpolated linearly in log(n) between the
-//     measured sizes, held below the smallest, and above the largest faded back to 1 over
-//     two octaves on one node (cache effects change with size there) but held on groups that
-//     span nodes (their messages are network-bound from the sizes measured up). Points of the
-//     other float width, then of the other placement, stand in when the call's own have none. The fitted figures above
+//     measured sizes, and held below the smallest and above the largest (an algorithm the
+//     calibration stopped timing, more than 1.25x slower than the best at 4 MiB, keeps its
+//     last factor). Points of the other float width, then of the other placement, stand in
+//     when the call's own have none. The fitted figures above
 //     get the shape right; the 10-30% effects they miss (how the ranks of a node share its
 //     cores and cache in each algorithm's access pattern) decide between shm, ring and rhd on
 //     one node, and how a network carries each algorithm's pattern of concurrent transfers
@@ -524,21 +524,16 @@ void checkProfile(const MachineProfile& m) {
   }
 }
 
-/// Octaves beyond the largest measured size over which a correction of a one-node group fades
-/// back to the model (groups spanning nodes hold it).
-constexpr double kCorrectionFadeOctaves = 2.0;
-
 /// Interpolates log(factor) linearly in log(nbytes) between the matching points of the
-/// profile; constant below the first; beyond the last, on one node, it fades linearly (in
-/// log(factor) over log2 size) back to 1 within kCorrectionFadeOctaves: a measurement says
-/// little about messages many times larger, where other effects (the caches' capacity) take
-/// over and the model's own terms know more. A group spanning nodes holds the last factor: its
-/// large messages are network-bound, as the measured ones were. Points of the call's own float
-/// width and placement match first; when there are none, those of the other width, then of the
-/// other placement (the calibration measures all_gather and reduce_scatter in float32 only, an
-/// all-gather moving bytes whatever their type and a 16-bit reduce-scatter's own reduction
-/// rate being in the model already; and across nodes, where the network decides, out of place
-/// only). 1 when none match.
+/// profile and holds the end factors beyond them. Fading the factor back to the plain model
+/// above the largest point (as an earlier version did on one node) let the model alone choose
+/// at 64 MiB, where it was wrong by 2x: it priced MPICH's bfloat16 all-reduce, measured at
+/// 4 MiB only (pruned above), at 47 ms on 2 ranks, and auto ran it at 88 ms against ring's
+/// 21 ms. Points of the call's own float width and placement match first; when there are none,
+/// those of the other width, then of the other placement (the calibration measures all_gather
+/// and reduce_scatter in float32 only, an all-gather moving bytes whatever their type and a
+/// 16-bit reduce-scatter's own reduction rate being in the model already; and across nodes,
+/// where the network decides, out of place only). 1 when none match.
 double interpolatedCorrection(const MachineProfile& m, Collective c, Algorithm a,
                               const GroupShape& s, bool half, bool inPlace, double n) {
   const Correction* below = nullptr;  // the largest point at or below n
@@ -561,12 +556,7 @@ double interpolatedCorrection(const MachineProfile& m, Collective c, Algorithm a
   }
   if (!below && !above) return 1.0;
   if (!below) return above->factor;
-  if (below->nbytes == n) return below->factor;
-  if (!above) {
-    if (s.nodes > 1) return below->factor;
-    const double fade = std::max(0.0, 1.0 - std::log2(n / below->nbytes) / kCorrectionFadeOctaves);
-    return std::exp(fade * std::log(below->factor));
-  }
+  if (!above || below->nbytes == n) return below->factor;
   const double t = std::log(n / below->nbytes) / std::log(above->nbytes / below->nbytes);
   return std::exp((1.0 - t) * std::log(below->factor) + t * std::log(above->factor));
 }
