@@ -76,8 +76,8 @@ _KERNEL16_BYTES = 1 << 20
 _CACHE_SWEEP = tuple((4 << 20) << i for i in range(7))  # working sets 4 MiB .. 256 MiB
 _COLLECTIVE_BYTES = 4 << 20
 _CHUNKS = 4  # hierarchical pipelining depth written into a measured profile
-# Measured corrections of the model (measure_corrections): all-reduce sizes, and interleaved
-# rounds per size (fewer for the largest, which dominate the time).
+# Measured corrections of the model (measure_corrections): sizes on the one-node axis, and
+# interleaved rounds per size (fewer for the largest, which dominate the time).
 _CORRECTION_SIZES = (8 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20)
 # What the corrections cover: (collective, dtypes, placements). all_gather moves bytes whatever
 # their type, and a 16-bit reduce-scatter's own reduction rate is in the model already: both in
@@ -345,15 +345,17 @@ def solve_bw(d: dict, field: str, seconds: float, algorithm: str, nbytes: int, d
 _BF16_ONE = 0x3F80  # 1.0 in bfloat16 (the upper half of float32's 0x3F800000)
 
 
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
 def _raw_all_reduce(grid, axis, algorithm: str, src: np.ndarray, dst: np.ndarray, code: int):
     """A callable running one blocking sum all_reduce of `src` into `dst` (the same array: in
     place) through the native communicator, with fourd's dtype `code`: bfloat16 travels as
     numpy uint16 bits, so no torch is needed (importing it would take longer than the whole
     calibration)."""
     native, opc, algc = grid._plan_call(axis, "sum", algorithm)
-    a_in = src.__array_interface__["data"][0]
-    a_out = dst.__array_interface__["data"][0]
-    count = src.size
+    a_in, a_out, count = _addr(src), _addr(dst), src.size
 
     def call():
         native.all_reduce(a_in, a_out, count, code, 0, 0, opc, algc, 0.0, False, False, None)
@@ -374,12 +376,12 @@ def _raw_call(grid, axis, collective: str, algorithm: str, arena_in: np.ndarray,
     if collective == "all_gather":
         g = grid.rank(axis)
         inp = out[g * blk:(g + 1) * blk] if in_place else src[:blk]
-        a_in, a_out = inp.__array_interface__["data"][0], out.__array_interface__["data"][0]
+        a_in, a_out = _addr(inp), _addr(out)
 
         def call():
             native.all_gather(a_in, blk, a_out, count, code, 0, 0, algc, 0.0, False, None)
         return call
-    a_in, a_out = src.__array_interface__["data"][0], out.__array_interface__["data"][0]
+    a_in, a_out = _addr(src), _addr(out)
 
     def call():
         native.reduce_scatter(a_in, count, a_out, blk, code, 0, 0, opc, algc, 0.0, False, False,

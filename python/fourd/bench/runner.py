@@ -492,8 +492,6 @@ class Runner:
         cands = {c["algorithm"]: c for c in explained.get("candidates", [])}
         p = axis.group_size
         algbw, busbw = bounds.bandwidths(coll, nbytes, p, stats["time_us"] * 1e-6)
-        rounds = stats.get("rounds", 1)
-        stats = {k: v for k, v in stats.items() if k != "rounds"}
         row = {
             "collective": coll,
             "axis": axis.name,
@@ -511,7 +509,7 @@ class Runner:
             "ranks_per_node": info["k"],
             "warmup": self.cfg.warmup,
             "check_iters": self.cfg.check,
-            "rounds": rounds,
+            "rounds": stats.get("rounds", 1),
             **stats,
             "algbw_gbps": algbw,
             "busbw_gbps": busbw,
