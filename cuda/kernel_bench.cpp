@@ -126,6 +126,9 @@ int run(const Options& opt) {
     // Bytes 0x11: small finite values in every dtype (no NaN or Inf slow paths).
     check(cudaMemset(p, 0x11, bytes + 16), "cudaMemset");
   }
+  // The memsets ran on the legacy default stream, which the non-blocking stream below does not
+  // wait for: finish them before the first timed launch.
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   void* dst = bufs[kMaxSrcs];

@@ -316,6 +316,10 @@ std::string runCase(DataType t, ReduceOp op, int nsrcs, size_t count, const Layo
   }
   DeviceBuffer dstBuf(count * es);
   if (!dstBuf.ok()) return "cudaMalloc failed";
+  // The copies above ran on the legacy default stream and may still be in flight (a pageable
+  // host-to-device cudaMemcpy can return before its DMA lands); `stream` is non-blocking and
+  // does not wait for that stream by itself.
+  if (cudaDeviceSynchronize() != cudaSuccess) return "cudaDeviceSynchronize failed";
   void* dst = lay.inPlace ? const_cast<void*>(srcPtrs[0]) : dstBuf.at(lay.dstOffset);
   const double factor = avgFactor > 0 ? avgFactor : 1.0 / nsrcs;
   fc::reduce(dst, srcPtrs.data(), nsrcs, count, t, op, stream, avgFactor);
@@ -450,6 +454,7 @@ TEST_F(CudaKernels, MoreSourcesInPlaceAliasMovesFirst) {
     CUDA_OK(cudaMemcpy(dev.back()->at(0), h.data(), count * 4, cudaMemcpyHostToDevice));
     ptrs.push_back(dev.back()->at(0));
   }
+  CUDA_OK(cudaDeviceSynchronize());  // the legacy-stream copies, before the non-blocking stream
   void* dst = const_cast<void*>(ptrs[static_cast<size_t>(n - 2)]);
   fc::reduce(dst, ptrs.data(), n, count, DataType::kInt32, ReduceOp::kSum, stream_);
   CUDA_OK(cudaStreamSynchronize(stream_));
@@ -467,6 +472,7 @@ TEST_F(CudaKernels, ScaleFloatingTypes) {
     DeviceBuffer a(count * es), b(count * es);
     ASSERT_TRUE(a.ok() && b.ok());
     CUDA_OK(cudaMemcpy(a.at(0), h.data(), count * es, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
     fc::scale(b.at(0), a.at(0), count, t, 1.0 / 3.0, stream_);
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<uint8_t> got(count * es);
@@ -502,6 +508,9 @@ void checkPermute(size_t blockBytes, int nblocks, size_t dstOffset, size_t srcOf
   ASSERT_TRUE(s.ok() && d.ok());
   CUDA_OK(cudaMemcpy(s.at(srcOffset), src.data(), total, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(d.at(0), 0xee, total + dstOffset));
+  // cudaMemset is asynchronous on the legacy default stream, and `stream` is non-blocking: without
+  // this the poison could land after the permutation (seen on an H200 with 1 MiB blocks).
+  CUDA_OK(cudaDeviceSynchronize());
   fc::permuteBlocks(d.at(dstOffset), s.at(srcOffset), blockBytes, perm.data(), nblocks, stream,
                     method);
   CUDA_OK(cudaStreamSynchronize(stream));
@@ -556,6 +565,7 @@ TEST_F(CudaKernels, CopyRegionsUnequalSizes) {
   DeviceBuffer ds(src.size()), dd(total);
   ASSERT_TRUE(ds.ok() && dd.ok());
   CUDA_OK(cudaMemcpy(ds.at(0), src.data(), src.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaDeviceSynchronize());
   fc::copyRegions(dd.at(0), ds.at(0), regions.data(), static_cast<int>(regions.size()), stream_);
   CUDA_OK(cudaStreamSynchronize(stream_));
   std::vector<uint8_t> got(total);
