@@ -53,7 +53,10 @@ endforeach()
 find_path(NCCL_INCLUDE_DIR NAMES nccl.h
           HINTS ${_fourd_nccl_hints}
           PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+# NAMES_PER_DIR: every name in one folder before the next folder. Without it CMake looks for
+# `nccl` (libnccl.so) everywhere first and took a system libnccl.so (2.28.3) over the wheel's
+# libnccl.so.2 (2.28.9) whose nccl.h it had found: header and library of different versions.
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
              HINTS ${_fourd_nccl_hints}
              PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 
