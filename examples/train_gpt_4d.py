@@ -1,4 +1,4 @@
-"""Train a tiny GPT on synthetic data with 4D parallelism (x, y, z, data) on CPU.
+"""Train a tiny GPT on synthetic data with 4D parallelism (x, y, z, data), on CPU or CUDA.
 
     # 8 ranks, Gx=2, Gy=2, Gz=1, Gdata=2, every overlap option on
     mpiexec -n 8 python -m mpi4py examples/train_gpt_4d.py --x 2 --y 2 --z 1 --data 2 --overlap all
@@ -6,6 +6,8 @@
     python examples/train_gpt_4d.py --reference
     # step time with each overlap option off and on, in one launch
     mpiexec -n 8 python -m mpi4py examples/train_gpt_4d.py --x 2 --y 2 --z 2 --sweep
+    # on GPUs (each rank on cuda:(local rank % device count), as fourd.init chooses)
+    mpiexec -n 4 python -m mpi4py examples/train_gpt_4d.py --y 2 --z 2 --device cuda
 
 The model: token + position embeddings, pre-LN transformer blocks (causal attention, GELU MLP),
 a final LayerNorm and an untied output projection. In the 4D model the residual stream is full
@@ -71,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per process (default 1 under MPI, torch's default alone)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the model and its batches live (cuda: the device fourd.init chose)")
     p.add_argument("--json", default=None, help="write losses and step times here (rank 0)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
@@ -163,17 +167,18 @@ def batch(step, args):
 
 def run_reference(args):
     torch.manual_seed(args.seed)
-    model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, Par())
+    model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, Par()).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     losses, times = [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
-        inp, tgt = batch(step, args)
+        inp, tgt = (t.to(args.device) for t in batch(step, args))
         logits = model(inp)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _sync(args)
         times.append(time.perf_counter() - t0)
         losses.append(loss.detach())
     return [float(v) for v in losses], times
@@ -194,7 +199,7 @@ class Trainer:
         self.shards = gz * gd
         torch.manual_seed(args.seed)  # same on every rank: every rank draws the same full weights
         self.model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq,
-                         Par(fnn, tp, ps.get_y_parallel_world_size()))
+                         Par(fnn, tp, ps.get_y_parallel_world_size())).to(args.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.01)
         cfg = dict(OVERLAPS[overlap_name])
         if cfg.get("all_gather"):
@@ -215,14 +220,15 @@ class Trainer:
         grid.barrier()  # time every step from a common start (not part of training)
         t0 = time.perf_counter()
         inp, tgt = batch(step, args)
-        inp = inp[self.first:self.first + self.rows]
-        tgt = tgt[self.first:self.first + self.rows]
+        inp = inp[self.first:self.first + self.rows].to(args.device)
+        tgt = tgt[self.first:self.first + self.rows].to(args.device)
         logits = model(inp)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
         loss.backward()
         self.fnn.sync_gradients(model, average=True, bucket_bytes=self.bucket)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        _sync(args)
         self.times.append(time.perf_counter() - t0)
         self.losses.append(loss.detach())
 
@@ -241,6 +247,12 @@ class Trainer:
         return {"losses": ls.tolist(), "step_times": tt.tolist(),
                 "median_step_s": summarize(tt.tolist()), "stats": stats,
                 "linear_calls_learned": learned}
+
+
+def _sync(args):
+    """Step times include the GPU's work: wait for it before reading the clock."""
+    if args.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def run_4d(args, names, grid):

@@ -27,7 +27,9 @@ def run_mpi(n: int, args: list[str], timeout: float = 300, env: dict | None = No
     """Runs `python -m mpi4py <args>` on n ranks. On timeout the whole process group is killed
     and the test fails with the output so far. `python -m mpi4py` aborts the job when a rank
     raises, so one failing rank never leaves the others waiting."""
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", *args]
+    # -X faulthandler: a rank that crashes prints its Python stack (pytest does this by itself,
+    # scripts such as the GPT example do not).
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-X", "faulthandler", "-m", "mpi4py", *args]
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     if env:
