@@ -16,17 +16,21 @@
 #   --venv DIR    create a fresh venv from PY and FOURD_CUDA=ON pip install ".[gpu,test]" into it
 #                 (needs the package index).
 # Offline machines: run --download-wheels DIR first on a machine with network (it fetches the
-# mpich and ros-gtest-vendor wheels for --target-python), copy DIR along, pass --wheels DIR.
+# mpich, mpi4py and ros-gtest-vendor wheels for --target-python), copy DIR along, pass
+# --wheels DIR (installed with --force-reinstall, so mpi4py matches the mpich wheel's MPI).
 #
 # --only runs the named steps alone (a rerun after a first full run: the build folders under
 # build/gpu-check and the installed package are reused).
 # Each step has its own limit (sized for a 16-core machine; --cap-scale N multiplies them for a
 # slower one), never past the overall deadline.
 # Steps: env, setup, build_kernels (cuda/ on its own: needs neither MPI nor the core), gtest,
-# kernel_bench, torch_baseline, install (the Python package with FOURD_CUDA=ON), pytest_gpu,
-# mpi_gpu_2 / mpi_gpu_4 (multi-rank GPU tests, when the suite has them) and mpi_gpu_bench.
+# kernel_bench, torch_baseline, install (the Python package with FOURD_CUDA=ON), diagnose
+# (fourd.init on one rank with and without torch, CUDA and MPI settings; a native backtrace on
+# a crash), pytest_gpu,
+# mpi_gpu_2 / mpi_gpu_4 (par_gpu.py alone on 2 and 4 ranks; with --only) and mpi_gpu_bench
+# (python -m fourd.bench --device cuda on 1, 2 and 4 ranks).
 # Output in --results (default bench/results/gpu): report.txt, report.json, log.txt,
-# kernel_bench.json, torch_baseline.json, gtest.json.
+# kernel_bench.json, torch_baseline.json, gtest.json, bench_cuda_np{1,2,4}.json.
 set -euo pipefail
 
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -83,7 +87,10 @@ EOF
         shopt -s nullglob
         whl=("$WHEELS"/*.whl)
         ((${#whl[@]})) || { echo "no wheels in $WHEELS"; exit 1; }
-        "$PY" -m pip install --no-index --no-deps --no-cache-dir --no-compile "${whl[@]}"
+        # --force-reinstall: an mpi4py of the same version already there may be built against
+        # another MPI than the mpich wheel's, which fourd is built against.
+        "$PY" -m pip install --no-index --no-deps --no-cache-dir --no-compile --force-reinstall \
+          "${whl[@]}"
       fi
       # What the native build, the package build and the tests need from the environment.
       missing="$("$PY" - <<'EOF'
@@ -146,13 +153,68 @@ EOF
       cd /
       "$PY" -c "import fourd; print('fourd', fourd.__version__, fourd.__file__)"
       ;;
+    diagnose)
+      # fourd.init on one rank in small variants, each in its own process under a timeout: which
+      # combination of torch, CUDA initialisation and MPI settings (if any) crashes it. On the
+      # first crash, a native backtrace from cuda-gdb (or gdb) when one is installed.
+      mpiexec="$(dirname "$PY")/mpiexec"
+      [[ -x "$mpiexec" ]] || mpiexec="$(command -v mpiexec || true)"
+      cd /
+      declare -A code=(
+        [mpi4py_only]="from mpi4py import MPI; c = MPI.COMM_WORLD.Dup(); s = c.Split_type(MPI.COMM_TYPE_SHARED); print(s.Get_size())"
+        [fourd]="from mpi4py import MPI; import fourd; print(fourd.init())"
+        [torch_then_fourd]="from mpi4py import MPI; import torch, fourd; print(fourd.init())"
+        [mpi4py_after_cuda]="from mpi4py import MPI; import torch; torch.zeros(1, device='cuda'); c = MPI.COMM_WORLD.Dup(); s = c.Split_type(MPI.COMM_TYPE_SHARED); print(s.Get_size())"
+        [cuda_then_fourd]="from mpi4py import MPI; import torch; torch.zeros(1, device='cuda'); import fourd; print(fourd.init())"
+        [fourd_then_cuda]="from mpi4py import MPI; import fourd, torch; g = fourd.init(); t = torch.ones(8, device='cuda'); g.all_reduce(t, 'data'); print(g, t.sum().item())"
+      )
+      order=(mpi4py_only fourd torch_then_fourd mpi4py_after_cuda cuda_then_fourd fourd_then_cuda)
+      envs=("" "MPIR_CVAR_CH4_NETMOD=ofi" "UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no" "FOURD_POLL=yield")
+      # Which MPI, NCCL and CUDA libraries the process maps, and which MPI mpi4py reports.
+      timeout -k 5 60 "$mpiexec" -n 1 "$PY" -c "
+from mpi4py import MPI
+import torch, fourd
+print('mpi4py:', MPI.Get_library_version().splitlines()[0])
+print('fourd:', fourd._C.build_info() if hasattr(fourd._C, 'build_info') else fourd.__file__)
+libs = sorted({l.split()[-1] for l in open('/proc/self/maps') if any(
+    k in l for k in ('libmpi', 'libnccl', 'libcuda', 'libucp', 'libfabric', 'libstdc++'))})
+print('mapped:', *libs, sep='\n  ')
+" 2>&1 | tail -n 20 || true
+      first=""
+      for name in "${order[@]}"; do
+        for e in "${envs[@]}"; do
+          [[ -z "$e" || $name == cuda_then_fourd || $name == fourd_then_cuda ]] || continue
+          rc=0
+          out="$(env $e timeout -k 5 60 "$mpiexec" -n 1 "$PY" -X faulthandler -c "${code[$name]}" 2>&1)" || rc=$?
+          printf 'diagnose %-18s %-45s rc=%s  %s\n' "$name" "${e:-(default env)}" "$rc" \
+            "$(tail -n 1 <<<"$out" | cut -c1-120)"
+          if [[ $rc -ne 0 && -z "$first" ]]; then first="$name"; echo "$out" | tail -n 40; fi
+        done
+      done
+      if [[ -n "$first" ]]; then
+        dbg="$(command -v cuda-gdb || command -v gdb || true)"
+        if [[ -n "$dbg" ]]; then
+          echo "== native backtrace of $first ($dbg, singleton MPI)"
+          timeout -k 5 120 "$dbg" -q -batch -ex "set pagination off" -ex run -ex bt \
+            -ex "info sharedlibrary" --args "$PY" -c "${code[$first]}" 2>&1 | tail -n 150 || true
+        else
+          echo "no cuda-gdb or gdb for a native backtrace"
+        fi
+        exit 1
+      fi
+      ;;
     pytest_gpu)
       # The serial GPU test files only (test_*gpu*.py, test_*cuda*.py), named explicitly so that
       # a collection problem elsewhere in the suite cannot hide them.
+      # test_gpu_build.py is left out: it compiles the GPU part on machines without a GPU, which
+      # the build steps above have already done here.
       shopt -s nullglob
-      files=(tests/python/test_*gpu*.py tests/python/test_*cuda*.py)
+      files=()
+      for f in tests/python/test_*gpu*.py tests/python/test_*cuda*.py; do
+        [[ $f == *_build.py ]] || files+=("$f")
+      done
       ((${#files[@]})) || skip "no GPU test files (tests/python/test_*gpu*.py)"
-      "$PY" -m pytest -q -rs -p no:cacheprovider "${files[@]}"
+      "$PY" -m pytest -v -rs -p no:cacheprovider --durations=10 "${files[@]}"
       ;;
     mpi_gpu_2 | mpi_gpu_4)
       n="${step##*_}"
@@ -173,9 +235,10 @@ EOF
       help="$(cd / && "$PY" -m fourd.bench --help 2>&1)" ||
         skip "python -m fourd.bench is not available"
       grep -q -- "--device" <<<"$help" || skip "python -m fourd.bench has no --device option yet"
-      for n in 2 4; do
-        echo "== $n ranks on one GPU"
-        (cd / && "$mpiexec" -n "$n" "$PY" -m mpi4py -m fourd.bench --device cuda)
+      for n in 1 2 4; do
+        echo "== $n rank(s) on one GPU"
+        (cd / && "$mpiexec" -n "$n" "$PY" -m mpi4py -m fourd.bench --device cuda --axis world \
+          -d float,bfloat16 -b 4K -e 256M -f 8 --json "$RESULTS/bench_cuda_np$n.json")
       done
       ;;
     *)
@@ -222,7 +285,7 @@ if [[ -n "$DOWNLOAD" ]]; then
   mkdir -p "$DOWNLOAD"
   "$PY_ARG" -m pip download --no-deps --only-binary=:all: --python-version "$TARGET_PY" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d "$DOWNLOAD" "mpich>=5,<6" ros-gtest-vendor
+    --platform manylinux2014_x86_64 -d "$DOWNLOAD" "mpich>=5,<6" "mpi4py>=4" ros-gtest-vendor
   ls -l "$DOWNLOAD"
   exit 0
 fi
@@ -240,6 +303,7 @@ RESERVE=15  # seconds kept for the report
 mkdir -p "$RESULTS"
 RESULTS="$(cd "$RESULTS" && pwd)"
 rm -f "$RESULTS"/{report.txt,report.json,log.txt,kernel_bench.json,torch_baseline.json,gtest.json}
+rm -f "$RESULTS"/bench_cuda_np*.json
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/fourd-gpu-check.XXXXXX")"
 : >"$WORK/steps.tsv"
 
@@ -350,9 +414,11 @@ run_step gtest 240
 run_step kernel_bench 150
 run_step torch_baseline 150
 run_step install 300
-run_step pytest_gpu 180
-run_step mpi_gpu_2 120
-run_step mpi_gpu_4 150
+run_step diagnose 240
+run_step pytest_gpu 300
+# mpi_gpu_2 and mpi_gpu_4 (par_gpu.py alone) only with --only: pytest_gpu's
+# test_collectives_on_cuda already runs par_gpu.py on 1, 2 and 4 ranks.
+[[ -z "$ONLY" ]] || { run_step mpi_gpu_2 120; run_step mpi_gpu_4 150; }
 run_step mpi_gpu_bench 150
 write_report
 exit $FAILED
