@@ -37,10 +37,12 @@ The measurement (:func:`measure`, collective over the grid's communicator):
   can run on that one-node axis, timed at 8 KiB - 16 MiB: all_reduce in both dtypes and both
   placements, all_gather in both placements and reduce_scatter, in float32; then, where the
   grid has an axis of rails (one rank on each of several nodes), every algorithm on it at
-  256 KiB - 4 MiB (the inter-node level of ``hierarchical`` chooses between ring and rhd from
-  these), and on the widest axis whose groups have ranks on several nodes and several on a
-  node, at 1 and 4 MiB, both in float32 out of place; stored as measured / predicted
-  (``corrections``, applied by cost_model.cpp).
+  256 KiB - 16 MiB (the inter-node level of ``hierarchical`` chooses between ring and rhd
+  from these), and on the widest axis whose groups have ranks on several nodes and several on
+  a node, at 1 - 16 MiB, both in float32 out of place and only up to 4 MiB between virtual
+  nodes; each axis's points in the grid's profile before the next axis is timed (so that
+  hierarchical's levels run as they will); stored as measured / predicted (``corrections``,
+  applied by cost_model.cpp).
 
 fourd's own algorithms are priced 5% slower than measured, so `auto` leaves the library only
 for a clear gain.
@@ -94,9 +96,9 @@ _CORRECTION_PLAN = (("all_reduce", ("float32", "bfloat16"), (False, True)),
 # ring or rhd is chosen from these points) from 256 KiB, and on the widest axis with both
 # levels from 1 MiB (its calls are the slowest to time); both up to 16 MiB between real nodes
 # (virtual nodes share one machine's memory: 4 MiB there, where 16 MiB would only lengthen the
-# init of every such layout). With 4 MiB as the largest point, the emulated 4 x 2 cluster timed flat, ring and hierarchical reduce_scatter
-# alike there (21.5-22.4 ms), the held factors made flat the cheapest at 16 and 64 MiB, and it
-# ran 1.7-1.8x slower than ring: MPICH's pattern of concurrent transfers loses more to the
+# init of every such layout). With 4 MiB as the largest point, the emulated 4 x 2 cluster
+# timed flat, ring and hierarchical reduce_scatter alike there (21.5-22.4 ms), the held
+# factors made flat the cheapest at 16 and 64 MiB, and it ran 1.7-1.8x slower than ring: MPICH's pattern of concurrent transfers loses more to the
 # congested links as messages grow, which one alpha-beta figure per link cannot show.
 _RAIL_SIZES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
 _MIXED_SIZES = (1 << 20, 4 << 20, 16 << 20)
@@ -676,26 +678,28 @@ def measure(grid) -> dict:
             d["flat_efficiency_16"] = float(min(4.0, max(0.05, ideal / measured)))
         d = comm.bcast(d, root=0)
         grid._native.set_profile(to_native(d, grid._native.profile))
-        # Last, with every fitted figure in place: measured corrections of the model on the
-        # node's groups, where the algorithms' real differences are smallest and matter most.
-        d["corrections"] = measure_corrections(grid, axis, _MARGIN) if axis is not None else []
+        # Last, with every fitted figure in place, measured corrections of the model: first
+        # on the node's groups, where the algorithms' real differences are smallest and matter
+        # most; then across nodes, on the rails, where the network decides between ring and
+        # rhd (the inter-node level of hierarchical too), and on the widest axis with both
+        # levels, where it decides whether hierarchical's extra intra-node traffic pays (on the
+        # emulated 4 x 2 cluster, 8 ranks on 2 cores, the model priced hierarchical all_gather
+        # at 0.45x ring at 16 MiB; it ran 1.1-1.3x slower).
         # Each axis's points go into the grid's profile before the next axis is timed: the
         # levels of "hierarchical" choose their algorithms from it (shm, ring or rhd on the
         # node; ring or rhd on the rails), and must time as they will run after calibration.
         # Timed with the uncorrected levels, hierarchical read 1.5-2x slower on the emulated
         # 2 x 2 cluster than the benchmark then measured it, and `auto` passed it over.
-        grid._native.set_profile(to_native(d, grid._native.profile))
-        # And across nodes: on the rails, where the network decides between ring and rhd (the
-        # inter-node level of hierarchical too), and on the widest axis with both levels,
-        # where it decides whether hierarchical's extra intra-node traffic pays (on the emulated
-        # 4 x 2 cluster, 8 ranks on 2 cores, the model priced hierarchical all_gather at 0.45x
-        # ring at 16 MiB; it ran 1.1-1.3x slower).
-        rail, mixed = _rail_axis(grid), _mixed_axis(grid)
-        for ax, sizes in ((rail, _RAIL_SIZES), (mixed, _MIXED_SIZES)):
+        virtual = grid.virtual_topology
+        steps = ((axis, _CORRECTION_PLAN, _CORRECTION_SIZES, _CORRECTION_ROUNDS_LARGE),
+                 (_rail_axis(grid), _SPANNING_PLAN, spanning_sizes(_RAIL_SIZES, virtual),
+                  _SPANNING_ROUNDS_LARGE),
+                 (_mixed_axis(grid), _SPANNING_PLAN, spanning_sizes(_MIXED_SIZES, virtual),
+                  _SPANNING_ROUNDS_LARGE))
+        for ax, plan, sizes, rounds_large in steps:
             if ax is not None:
-                d["corrections"] += measure_corrections(
-                    grid, ax, _MARGIN, _SPANNING_PLAN,
-                    spanning_sizes(sizes, grid.virtual_topology), _SPANNING_ROUNDS_LARGE)
+                d["corrections"] += measure_corrections(grid, ax, _MARGIN, plan, sizes,
+                                                        rounds_large)
                 grid._native.set_profile(to_native(d, grid._native.profile))
         d = comm.bcast(d, root=0)
         d["calibration_seconds"] = time.perf_counter() - t0
