@@ -4,10 +4,12 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "fourd/error.hpp"
 #include "internal/comm_state.hpp"
@@ -96,6 +98,10 @@ MachineProfile defaultProfile(int ranksPerNode) {
 Grid::Grid(MPI_Comm parent, const GridConfig& config)
     : config_(config),
       grid_({1, 1, 1, 1}, {Axis::kX, Axis::kY, Axis::kZ, Axis::kData}) {
+  // Before any call that passes a handle or a constant: with another MPI's symbols in place
+  // of ours, the first of those calls would crash the process.
+  const std::string abi = mpiAbiMismatch();
+  if (!abi.empty()) throw BackendError(abi, MPI_ERR_OTHER);
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) throw Error("fourd: MPI is not initialised (import mpi4py.MPI first)");
@@ -275,12 +281,49 @@ bool Grid::finalize(double timeoutSeconds) noexcept {
 }
 
 std::string mpiLibraryVersion() {
-  char v[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  // Larger than any library's MPI_MAX_LIBRARY_VERSION_STRING (MPICH 8192, Open MPI 256): the
+  // library that answers may not be the one whose header sized the buffer (mpiAbiMismatch).
+  std::vector<char> v(std::max<size_t>(MPI_MAX_LIBRARY_VERSION_STRING, 16384), '\0');
   int len = 0;
-  MPI_Get_library_version(v, &len);
-  std::string s(v, len);
+  MPI_Get_library_version(v.data(), &len);
+  len = std::max(0, std::min(len, static_cast<int>(v.size())));
+  std::string s(v.data(), static_cast<size_t>(len));
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ' || s.back() == '\0')) s.pop_back();
   return s;
+}
+
+std::string mpiFamily(const std::string& libraryVersion) {
+  // Open MPI first: its string never names MPICH, while MPICH derivatives name themselves.
+  if (libraryVersion.find("Open MPI") != std::string::npos) return "Open MPI";
+  for (const char* k : {"MPICH", "Intel(R) MPI", "MVAPICH"})
+    if (libraryVersion.find(k) != std::string::npos) return "MPICH";
+  return "";
+}
+
+std::string mpiHeaderFamily() {
+#if defined(OMPI_MAJOR_VERSION)
+  return "Open MPI";
+#elif defined(MPICH_VERSION) || defined(MPICH_NAME) || defined(I_MPI_VERSION)
+  return "MPICH";
+#else
+  return "";
+#endif
+}
+
+std::string mpiAbiMismatch() {
+  const std::string header = mpiHeaderFamily();
+  const std::string version = mpiLibraryVersion();
+  const std::string running = mpiFamily(version);
+  if (header.empty() || running.empty() || header == running) return "";
+  std::string first = version.substr(0, version.find('\n'));
+  return "fourd: it was compiled against " + header + "'s mpi.h, but its MPI calls reach " +
+         running + " (\"" + first + "\"). Handles and constants differ between the two, so " +
+         "any MPI call with a handle would crash. The library that answers is global in this "
+         "process (loaded by the program, with RTLD_GLOBAL, or through LD_PRELOAD), so its "
+         "symbols take precedence over the MPI fourd was linked to. Use one MPI for both: "
+         "build fourd against the MPI that mpi4py uses (see mpi4py.get_config()), or install "
+         "mpi4py and the MPI fourd was built with (pip install --force-reinstall mpich "
+         "mpi4py).";
 }
 
 std::string buildInfo() {

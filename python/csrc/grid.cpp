@@ -193,6 +193,14 @@ void register_grid(py::module_& m) {
   fourd::detail::setInterruptCheck(&pyInterruptCheck);
 
   m.def("mpi_library_version", &fourd::mpiLibraryVersion);
+  m.def("mpi_family", &fourd::mpiFamily, py::arg("library_version"));
+  m.def("mpi_header_family", &fourd::mpiHeaderFamily);
+  m.def("mpi_abi_mismatch", &fourd::mpiAbiMismatch);
+  m.def("mpi_initialized", [] {
+    int flag = 0;
+    MPI_Initialized(&flag);
+    return flag != 0;
+  });
   m.def("build_info", &fourd::buildInfo);
   m.def("mpi_thread_level", [] {
     int p = 0;

@@ -10,7 +10,7 @@ import weakref
 
 from . import _C
 from ._tensor import DTYPE_NAMES, ITEMSIZE, resolve, set_cuda_stream
-from .errors import InvalidArgumentError, NotInitializedError
+from .errors import BackendError, InvalidArgumentError, NotInitializedError
 
 AXES = ("x", "y", "z", "data")
 _BIT = {"x": 1, "y": 2, "z": 4, "data": 8}
@@ -400,6 +400,38 @@ def _parse_order(order) -> str:
     return order
 
 
+def _mpi_library_problem(mpi4py_version: str, mpi4py_initialized: bool, fourd_version: str,
+                         fourd_initialized: bool, abi_mismatch: str) -> str | None:
+    """Why fourd's MPI cannot work with mpi4py's in this process, or None. Two MPI libraries
+    in one process either answer separately (fourd's is then never initialised, and mpi4py's
+    communicators mean nothing to it) or, when mpi4py made its library's symbols global, fourd's
+    calls reach a library whose handles and constants differ from the mpi.h fourd was compiled
+    with (abi_mismatch, from the native side): the first call with a handle would crash."""
+    if abi_mismatch:
+        return abi_mismatch
+    def first(v: str) -> str:
+        return v.strip().splitlines()[0] if v.strip() else "?"
+
+    if mpi4py_version.strip() != fourd_version.strip() or (mpi4py_initialized
+                                                            and not fourd_initialized):
+        return ("fourd: mpi4py and fourd use two different MPI libraries in this process "
+                f"(mpi4py: \"{first(mpi4py_version)}\"; fourd: \"{first(fourd_version)}\"), so "
+                "mpi4py's communicators mean nothing to fourd. Use one MPI for both: build fourd "
+                "against the MPI that mpi4py uses (see mpi4py.get_config()), or install mpi4py "
+                "and the MPI fourd was built with (pip install --force-reinstall mpich mpi4py).")
+    return None
+
+
+def _check_mpi_library(MPI) -> None:
+    """Raises BackendError when fourd and mpi4py do not share one MPI library (no MPI call
+    with a handle is made before this check)."""
+    problem = _mpi_library_problem(MPI.Get_library_version(), bool(MPI.Is_initialized()),
+                                   _C.mpi_library_version(), bool(_C.mpi_initialized()),
+                                   _C.mpi_abi_mismatch())
+    if problem:
+        raise BackendError(problem)
+
+
 def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm=None, *,
          timeout=None, debug=None, plan=None) -> Grid:
     """Build the 4D grid over the ranks of `comm` (default MPI.COMM_WORLD). Collective: every
@@ -407,6 +439,7 @@ def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm
     global _current, _was_finalized
     from mpi4py import MPI
 
+    _check_mpi_library(MPI)
     if plan is not None:
         kw = plan.grid_kwargs() if hasattr(plan, "grid_kwargs") else dict(plan)
         x, y, z = kw.get("x", 1), kw.get("y", 1), kw.get("z", 1)

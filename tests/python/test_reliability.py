@@ -117,3 +117,81 @@ def test_errors_doc_lists_every_error_class():
         obj = getattr(fourd, name)
         if isinstance(obj, type) and issubclass(obj, fourd.Error):
             assert f"`fourd.{name}`" in doc, name
+
+
+# ---- one MPI library for fourd and mpi4py ------------------------------------------------------
+
+_MPICH = "MPICH Version:      5.0.2\nMPICH Release date: unreleased\nMPICH ABI:          17:2:5"
+_OMPI = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022"
+
+
+def test_mpi_family_of_library_strings():
+    from fourd import _C
+
+    assert _C.mpi_family(_MPICH) == "MPICH"
+    assert _C.mpi_family(_OMPI) == "Open MPI"
+    assert _C.mpi_family("Intel(R) MPI Library 2021.10 for Linux* OS") == "MPICH"
+    assert _C.mpi_family("MVAPICH2 Version      :\t2.3.7") == "MPICH"
+    assert _C.mpi_family("some other MPI 1.0") == ""
+    assert _C.mpi_family("") == ""
+
+
+def test_this_build_reaches_the_mpi_of_its_header():
+    """The installed fourd and the mpi4py beside it share one MPI library (CI's environment):
+    the checks that init() runs find nothing to refuse."""
+    from mpi4py import MPI
+
+    from fourd import _C
+    from fourd.grid import _mpi_library_problem
+
+    assert _C.mpi_header_family() in ("MPICH", "Open MPI")
+    assert _C.mpi_family(_C.mpi_library_version()) == _C.mpi_header_family()
+    assert _C.mpi_abi_mismatch() == ""
+    assert _mpi_library_problem(MPI.Get_library_version(), bool(MPI.Is_initialized()),
+                                _C.mpi_library_version(), bool(_C.mpi_initialized()), "") is None
+
+
+def test_two_mpi_libraries_are_refused_with_both_named():
+    from fourd.grid import _mpi_library_problem
+
+    assert _mpi_library_problem(_MPICH, True, _MPICH, True, "") is None
+    # another library answers fourd (different version strings)
+    msg = _mpi_library_problem(_OMPI, True, _MPICH, False, "")
+    assert "two different MPI libraries" in msg
+    assert "Open MPI v4.1.4" in msg and "MPICH Version:      5.0.2" in msg
+    # the same version string, but fourd's copy was never initialised (two installs of one
+    # release)
+    assert "two different MPI libraries" in _mpi_library_problem(_MPICH, True, _MPICH, False, "")
+    # fourd's calls reach a library of another ABI family: the native message wins
+    assert _mpi_library_problem(_OMPI, True, _OMPI, True, "fourd: compiled against") == \
+        "fourd: compiled against"
+
+
+def test_another_mpi_answering_fourd_is_refused_instead_of_crashing(tmp_path):
+    """The crash the check exists for, made on purpose: a library in the global symbol scope
+    (LD_PRELOAD here; mpi4py does the same with Open MPI's libmpi.so.40) answers fourd's
+    MPI_Get_library_version as the other ABI family. init() must raise BackendError on every
+    rank, with the reason, before any MPI call with a handle."""
+    import shutil
+
+    from fourd import _C
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("no C compiler on PATH (needed to build the preloaded library)")
+    other = "Open MPI" if _C.mpi_header_family() == "MPICH" else "MPICH"
+    banner = ("Open MPI v4.1.4, package: test, ident: 4.1.4" if other == "Open MPI"
+              else "MPICH Version:      4.2.0")
+    src = tmp_path / "other_mpi.c"
+    src.write_text("#include <string.h>\n"
+                   "int MPI_Get_library_version(char *v, int *n) {\n"
+                   f'  const char *s = "{banner}";\n'
+                   "  strcpy(v, s); *n = (int)strlen(s); return 0;\n}\n")
+    lib = tmp_path / "libother_mpi.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    r = run_mpi(2, ["-c", "import fourd; fourd.init()"], timeout=120,
+                env={"LD_PRELOAD": str(lib)}, check=False)
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert "fourd.errors.BackendError" in r.stdout, r.stdout[-3000:]
+    assert f"but its MPI calls reach {other}" in r.stdout, r.stdout[-3000:]
+    assert "Segmentation fault" not in r.stdout, r.stdout[-3000:]

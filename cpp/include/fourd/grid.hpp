@@ -74,5 +74,13 @@ class Grid {
 /// "fourd 0.1.0, MPI: <library version>, CUDA: yes/no".
 std::string buildInfo();
 std::string mpiLibraryVersion();
+/// "MPICH" (and ABI-compatible derivatives), "Open MPI", or "" (unknown) from a library
+/// version string.
+std::string mpiFamily(const std::string& libraryVersion);
+/// The family of the mpi.h fourd was compiled against ("" when unknown).
+std::string mpiHeaderFamily();
+/// "" when fourd's MPI calls reach a library of the family its mpi.h belongs to; otherwise the
+/// error message (the grid constructor throws it as BackendError before any other MPI call).
+std::string mpiAbiMismatch();
 
 }  // namespace fourd
