@@ -71,7 +71,7 @@ FIELDS = (
     "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw", "reduce_bw_16",
     "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain", "corrections",
 )
-VERSION = 8  # bumped whenever the model or the fits change: older cache files are re-measured
+VERSION = 9  # bumped whenever the model or the fits change: older cache files are re-measured
 _PINGPONG_BYTES = 4 << 20
 _LOCAL_BYTES = 32 << 20
 _KERNEL16_BYTES = 1 << 20
@@ -111,7 +111,7 @@ _CORRECTION_ROUNDS = 5
 _CORRECTION_LARGE = 4 << 20  # from this size: fewer rounds, more untimed calls before each
 _CORRECTION_ROUNDS_LARGE = 3
 _CORRECTION_WARM_LARGE = 3
-_PRUNE = 1.25  # algorithms this much slower than the best at a size are not measured larger
+_PRUNE = 1.25  # predicted this much slower than the best at the next size: not measured there
 _BATCH_S = 2e-3  # a timed batch of calls lasts at least this long (barrier skew amortised)
 # fourd's own algorithms are priced this much slower than measured, so that `auto` leaves the
 # MPI library only for a gain beyond the noise (the cache tier of the model now carries what a
@@ -484,10 +484,14 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
     between; cost_model.hpp says what happens beyond). Each round times every (algorithm,
     placement) once, in an order rotated from round to round so that drifting load falls on
     all alike: untimed calls first, a barrier, then a batch of calls lasting at least _BATCH_S
-    (its length agreed by all ranks); the slowest rank's time; the median round. An algorithm
-    more than _PRUNE times slower than the best at a size of _CORRECTION_LARGE or more is not
-    measured at the larger ones (its last factor holds there). fourd's own algorithms are
-    multiplied by `margin` (the library's are not)."""
+    (its length agreed by all ranks); the slowest rank's time; the median round. From
+    _CORRECTION_LARGE on, an algorithm is not measured at the next size when its time there,
+    predicted with the factor just measured, is more than _PRUNE times the best such
+    prediction (its last factor holds at the larger sizes). The prediction, not the time just
+    measured, decides: the algorithms' ranks change as buffers leave the caches (4 ranks of the
+    2-core VM, bfloat16 in place: shm read 1.26x rhd at 4 MiB, was pruned there and priced by
+    that factor, while at 16 and 64 MiB it ran 0.75x and 0.67x rhd; `auto` ran rhd at 1.5x the
+    time). fourd's own algorithms are multiplied by `margin` (the library's are not)."""
     from . import _C
     from ._tensor import BFLOAT16, FLOAT32
 
@@ -528,10 +532,13 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
                          for alg in active for in_place in placements]
                 large = nbytes >= _CORRECTION_LARGE
                 med = _median_rounds(comm, [c[2] for c in calls], large, rounds_large)
-                fastest = {}
+                nxt = sizes[sizes.index(size) + 1] if size != sizes[-1] else None
+                timed = []  # (algorithm, measured, model here, model at the next size)
                 for i, (alg, in_place, _) in enumerate(calls):
-                    fastest[alg] = min(fastest.get(alg, np.inf), float(med[i]))
                     model = _C.predict(collective, alg, nbytes, dtype, shape, prof, in_place)
+                    later = (_C.predict(collective, alg, nxt, dtype, shape, prof, in_place)
+                             if nxt is not None else 0.0)
+                    timed.append((alg, float(med[i]), model, later))
                     if not (model > 0 and np.isfinite(model)):
                         continue
                     factor = float(med[i]) / model * (1.0 if alg == "flat" else margin)
@@ -540,10 +547,28 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
                                 "half16": dtype == "bfloat16", "in_place": in_place,
                                 "nbytes": float(nbytes), "factor": min(10.0, max(0.1, factor)),
                                 "measured_s": float(med[i])})
-                if large:  # below, latency and caches decide: no guide to the larger sizes
-                    best = min(fastest.values())
-                    active = [a for a in active if fastest[a] <= _PRUNE * best]
+                if large and nxt is not None:  # below, latency and caches decide: no guide
+                    active = still_measured(active, timed)
     return out
+
+
+def still_measured(active: list, timed: list, prune: float = _PRUNE) -> list:
+    """The algorithms of `active` worth measuring at the next size. `timed` holds (algorithm,
+    measured seconds, model seconds at this size, model seconds at the next size) per timed
+    placement. An algorithm's time at the next size is predicted with the factor measured here
+    (its best placement); those predicted more than `prune` times the best prediction are
+    dropped. An algorithm the model cannot price at both sizes is always kept."""
+    ahead, keep = {}, set()
+    for alg, measured, model, later in timed:
+        guess = measured / model * later if model > 0 and np.isfinite(model) else np.nan
+        if np.isfinite(guess) and guess > 0:
+            ahead[alg] = min(ahead.get(alg, np.inf), guess)
+        else:
+            keep.add(alg)
+    if not ahead:
+        return list(active)
+    best = min(ahead.values())
+    return [a for a in active if a in keep or ahead.get(a, np.inf) <= prune * best]
 
 
 def spanning_sizes(sizes: tuple, virtual: bool) -> tuple:

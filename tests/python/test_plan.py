@@ -501,6 +501,32 @@ def test_points_across_nodes_reach_16_mib_between_real_nodes_only():
         assert virtual == tuple(x for x in sizes if x < 16 << 20) and max(virtual) == 4 << 20
 
 
+def test_pruning_follows_the_prediction_at_the_next_size():
+    """An algorithm slower than the best where it was timed is still measured at the next size
+    when the model, scaled by the factor just measured, expects it near the best there (4 ranks
+    of the 2-core VM, bfloat16 in place: shm 1.26x rhd at 4 MiB, 0.75x at 16 MiB)."""
+    from fourd import calibration as cal
+
+    ms = 1e-3
+    # (algorithm, measured here, model here, model at the next size), seconds
+    timed = [("rhd", 2.35 * ms, 5.29 * ms, 33.5 * ms), ("rhd", 2.43 * ms, 5.29 * ms, 33.5 * ms),
+             ("ring", 2.21 * ms, 5.29 * ms, 33.5 * ms),
+             # shm: slower here in one placement, but its cost grows more slowly
+             ("shm", 3.57 * ms, 3.04 * ms, 15.1 * ms), ("shm", 2.96 * ms, 3.04 * ms, 15.1 * ms),
+             # flat: 1.8x slower here and growing as fast as ring: dropped
+             ("flat", 4.0 * ms, 5.65 * ms, 35.7 * ms)]
+    active = ["flat", "ring", "rhd", "shm"]
+    assert cal.still_measured(active, timed) == ["ring", "rhd", "shm"]
+    # Judged by this size alone (the old rule), shm would have gone too: 2.96 / 2.21 > 1.25.
+    assert 2.96 / 2.21 > cal._PRUNE
+    # The best placement decides: with only its slow placement, shm is predicted 1.33x ring.
+    slow = [t for t in timed if not (t[0] == "shm" and t[1] < 3 * ms)]
+    assert cal.still_measured(active, slow) == ["ring", "rhd"]
+    # An algorithm the model cannot price is kept; nothing priced keeps everything.
+    assert "flat" in cal.still_measured(active, timed + [("flat", 1 * ms, 0.0, 1 * ms)])
+    assert cal.still_measured(active, [("ring", 1 * ms, 0.0, 0.0)]) == active
+
+
 def _point(alg, nbytes, factor, in_place=False, half16=False, group_size=4, nodes=1):
     return {"collective": "all_reduce", "algorithm": alg, "group_size": group_size,
             "nodes": nodes, "half16": half16, "in_place": in_place, "nbytes": float(nbytes),
