@@ -233,7 +233,7 @@ def test_schema_validation_and_writers(tmp_path):
     assert pp.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-# ---- under mpiexec ----------------------------------------------------------------------------
+# ---- auto check --------------------------------------------------------------------------------
 
 def test_auto_check_counts_cells_and_the_run_noise():
     def cell(alg, t, med, size, choice=None):
@@ -260,6 +260,8 @@ def test_auto_check_counts_cells_and_the_run_noise():
     assert report.auto_check([cell("ring", 5.0, 5.0, 1024)]) is None
     assert report.summarize(rows)["auto_check"] == ac
 
+
+# ---- under mpiexec ----------------------------------------------------------------------------
 
 def test_bench_runs_under_mpi(tmp_path):
     """A short real sweep on 4 ranks: every check passes, fourd and baseline rows exist, and the
