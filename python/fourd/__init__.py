@@ -95,6 +95,8 @@ def build_info() -> dict:
     return {
         "version": __version__,
         "mpi_library": _C.mpi_library_version(),
+        "mpi_header_family": _C.mpi_header_family(),  # the mpi.h fourd was compiled with
+        "mpi_abi_mismatch": _C.mpi_abi_mismatch(),  # "" when the library matches that header
         "mpi_thread_level": _C.mpi_thread_level(),
         "cuda": HAVE_CUDA,
         "nccl": HAVE_CUDA,

@@ -147,6 +147,10 @@ def test_this_build_reaches_the_mpi_of_its_header():
     assert _C.mpi_header_family() in ("MPICH", "Open MPI")
     assert _C.mpi_family(_C.mpi_library_version()) == _C.mpi_header_family()
     assert _C.mpi_abi_mismatch() == ""
+    import fourd
+
+    info = fourd.build_info()
+    assert info["mpi_header_family"] == _C.mpi_header_family() and info["mpi_abi_mismatch"] == ""
     assert _mpi_library_problem(MPI.Get_library_version(), bool(MPI.Is_initialized()),
                                 _C.mpi_library_version(), bool(_C.mpi_initialized()), "") is None
 
@@ -195,3 +199,8 @@ def test_another_mpi_answering_fourd_is_refused_instead_of_crashing(tmp_path):
     assert "fourd.errors.BackendError" in r.stdout, r.stdout[-3000:]
     assert f"but its MPI calls reach {other}" in r.stdout, r.stdout[-3000:]
     assert "Segmentation fault" not in r.stdout, r.stdout[-3000:]
+    # `python -m fourd` shows the mismatch next to the header family
+    info = subprocess.run([sys.executable, "-m", "fourd"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "LD_PRELOAD": str(lib)})
+    assert info.returncode == 0, info.stderr
+    assert f"MPI headers : {_C.mpi_header_family()}  ** fourd: it was compiled" in info.stdout
