@@ -257,6 +257,9 @@ def test_auto_check_counts_cells_and_the_run_noise():
     assert ac["same_algorithm_cells"] == 2
     assert ac["same_algorithm_diff_median"] == pytest.approx(0.125)
     assert ac["same_algorithm_diff_max"] == pytest.approx(0.5)
+    # The choice alone: ring's own cell is 1.2x rhd's at 1 KiB (a miss), rhd is the fastest at
+    # 4 KiB (within, though auto's cell read 1.5x).
+    assert ac["choice_within"] == 1
     assert report.auto_check([cell("ring", 5.0, 5.0, 1024)]) is None
     assert report.summarize(rows)["auto_check"] == ac
 
@@ -274,6 +277,9 @@ def test_bench_runs_under_mpi(tmp_path):
     out = r.stdout
     assert "# Out of bounds values : 0 OK" in out, out[-3000:]
     assert "Collective test concluded" in out
+    assert "# auto within 10% of the fastest single algorithm: " in out, out[-3000:]
+    assert "# auto's choice: the algorithm it ran, in its own cell, within 10% of the fastest in " \
+        in out, out[-3000:]
     doc = json.loads(jp.read_text())
     assert report.validate(doc) == [], report.validate(doc)[:5]
     rows = doc["rows"]

@@ -307,7 +307,9 @@ def auto_check(rows: list) -> dict | None:
     op, size, placement) where auto and at least one single algorithm were measured: how many
     auto cells are within AUTO_MARGIN of the fastest single algorithm by mean time and by
     per-iteration median, the worst cell, and the run's own noise: the difference between the
-    auto cell and the cell of the algorithm auto ran (the same code measured twice)."""
+    auto cell and the cell of the algorithm auto ran (the same code measured twice). The
+    choice alone: in how many cells the algorithm auto ran was, in its own cell, within
+    AUTO_MARGIN of the fastest (a miss by time whose choice is within is the run's noise)."""
     cells = {}
     for r in rows:
         if r["library"] != "fourd":
@@ -315,7 +317,7 @@ def auto_check(rows: list) -> dict | None:
         k = (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"], r["in_place"])
         cells.setdefault(k, {})[r["algorithm"]] = r
     n = by_time = by_median = 0
-    worst, same = None, []
+    worst, same, chosen = None, [], 0
     for k, algs in cells.items():
         auto = algs.get("auto")
         singles = {a: r for a, r in algs.items() if a != "auto"}
@@ -334,13 +336,14 @@ def auto_check(rows: list) -> dict | None:
         twin = singles.get(auto["auto_choice"] or "")
         if twin is not None:
             same.append(abs(auto["time_us"] / twin["time_us"] - 1.0))
+            chosen += twin["time_us"] / best["time_us"] <= AUTO_MARGIN
     if n == 0:
         return None
     same.sort()
     return {
         "margin": AUTO_MARGIN, "cells": n, "within_by_time": by_time,
         "within_by_median": by_median, "worst": worst,
-        "same_algorithm_cells": len(same),
+        "same_algorithm_cells": len(same), "choice_within": chosen,
         "same_algorithm_diff_median": same[(len(same) - 1) // 2] if same else None,
         "same_algorithm_diff_max": same[-1] if same else None,
     }
@@ -441,6 +444,9 @@ def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: in
                     f"{ac['same_algorithm_cells']} cells): median difference "
                     f"{ac['same_algorithm_diff_median'] * 100:.0f}%, largest "
                     f"{ac['same_algorithm_diff_max'] * 100:.0f}%", always=True)
+            pr.line(f"# auto's choice: the algorithm it ran, in its own cell, within "
+                    f"{round((ac['margin'] - 1) * 100)}% of the fastest in {ac['choice_within']}/"
+                    f"{ac['same_algorithm_cells']} cells", always=True)
     wrong = summary["wrong_total"]
     pr.line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", always=True)
     avg = summary["avg_busbw_gbps"]
