@@ -486,7 +486,7 @@ shape_links() {
   shaped_burst=$burst
 }
 
-# "Sent N bytes M pkt" of the root qdisc of a device, as "N M".
+# "Sent N bytes M pkt (dropped D, ...)" of the root qdisc of a device, as "N M D".
 qdisc_sent() {
   local out
   if [[ $1 == - ]]; then
@@ -496,8 +496,10 @@ qdisc_sent() {
   fi
   # The first "Sent" line is the root tbf's (a netem child, if any, follows it).
   awk '/Sent/ && !seen { seen = 1
-      for (i = 1; i < NF; i++) { if ($(i + 1) == "bytes") b = $i; if ($(i + 1) == "pkt") p = $i } }
-    END { printf "%.0f %.0f\n", b + 0, p + 0 }' <<<"$out"
+      for (i = 1; i < NF; i++) {
+        if ($(i + 1) == "bytes") b = $i; if ($(i + 1) == "pkt") p = $i
+        if ($i == "(dropped") { d = $(i + 1); sub(",", "", d) } } }
+    END { printf "%.0f %.0f %.0f\n", b + 0, p + 0, d + 0 }' <<<"$out"
 }
 
 # Shape for the first rate now, before the header: a kernel without netem fails here, before
@@ -566,16 +568,22 @@ for idx in "${!rates[@]}"; do
   # node to node through the bridge.
   br_rx=$(($(cat "/sys/class/net/$prefix-br/statistics/rx_bytes") - br_rx0))
   br_tx=$(($(cat "/sys/class/net/$prefix-br/statistics/tx_bytes") - br_tx0))
-  say "link counters (tc tbf 'Sent', this run):"
-  printf '[cluster]   %-22s %28s %28s\n' node "into node (host veth)" "out of node (eth0)"
+  say "link counters (tc tbf 'Sent' and 'dropped', this run):"
+  printf '[cluster]   %-22s %38s %38s\n' node "into node (host veth)" "out of node (eth0)"
   total_out=0
+  drops=0
   for ((i = 0; i < nodes; i++)); do
-    read -r in_b in_p <<<"$(qdisc_sent - "$prefix-h$i")"
-    read -r out_b out_p <<<"$(qdisc_sent "${node_names[i]}" eth0)"
+    read -r in_b in_p in_d <<<"$(qdisc_sent - "$prefix-h$i")"
+    read -r out_b out_p out_d <<<"$(qdisc_sent "${node_names[i]}" eth0)"
     total_out=$((total_out + out_b))
-    printf '[cluster]   %-22s %16s %9s pkt %16s %9s pkt\n' "${node_names[i]}" \
-      "$(human_bytes "$in_b")" "$in_p" "$(human_bytes "$out_b")" "$out_p"
+    drops=$((drops + in_d + out_d))
+    printf '[cluster]   %-22s %16s %9s pkt %5s drop %16s %9s pkt %5s drop\n' "${node_names[i]}" \
+      "$(human_bytes "$in_b")" "$in_p" "$in_d" "$(human_bytes "$out_b")" "$out_p" "$out_d"
   done
+  if ((drops > 0)); then
+    warn "the shaped links dropped $drops packets: TCP retransmitted them, and a retransmission" \
+      "timeout stalls a transfer for 200 ms or more (a deeper tbf queue avoids it)"
+  fi
   node_to_node=$((total_out - br_rx))
   ((node_to_node >= 0)) || node_to_node=0
   job_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
@@ -583,7 +591,7 @@ for idx in "${!rates[@]}"; do
     "$(human_bytes "$br_rx") in, $(human_bytes "$br_tx") out; job time $job_s s, rc $rc"
   # One machine-readable line per run, for tests and scripts.
   echo "cluster-traffic run=$((idx + 1)) rate=$rate node_to_node_bytes=$node_to_node" \
-    "control_in_bytes=$br_rx control_out_bytes=$br_tx rc=$rc"
+    "control_in_bytes=$br_rx control_out_bytes=$br_tx dropped_packets=$drops rc=$rc"
 
   if [[ $rc -eq 0 && $nodes -gt 1 && $node_to_node -lt $min_traffic_bytes ]]; then
     echo "$PROG: error: only $node_to_node bytes crossed the node links (--min-traffic $min_traffic):" \

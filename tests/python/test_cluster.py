@@ -144,6 +144,10 @@ def test_two_node_cluster_selfcheck() -> None:
     traffic = re.search(r"^cluster-traffic .*node_to_node_bytes=(\d+)", out, re.MULTILINE)
     assert traffic, out
     assert int(traffic.group(1)) >= 2 * 4 * 4 * 2**20, out
+    # tbf's 50 ms queue is deep enough that the links drop nothing (a drop costs TCP a
+    # retransmission, a timeout of 200 ms or more at worst).
+    drops = re.search(r"^cluster-traffic .* dropped_packets=(\d+) ", out, re.MULTILINE)
+    assert drops and int(drops.group(1)) == 0, out
     assert re.search(rf"\[cluster\]\s+{prefix}-node0\s+\S+ [kMG]?B", out), out
 
     # Torn down completely.
