@@ -404,11 +404,13 @@ def _mpi_library_problem(mpi4py_version: str, mpi4py_initialized: bool, fourd_ve
                          fourd_initialized: bool, abi_mismatch: str) -> str | None:
     """Why fourd's MPI cannot work with mpi4py's in this process, or None. Two MPI libraries
     in one process either answer separately (fourd's is then never initialised, and mpi4py's
-    communicators mean nothing to it) or, when mpi4py made its library's symbols global, fourd's
-    calls reach a library whose handles and constants differ from the mpi.h fourd was compiled
-    with (abi_mismatch, from the native side): the first call with a handle would crash."""
+    communicators mean nothing to it) or, when the other library's symbols are global in the
+    process, fourd's calls reach a library whose handles and constants differ from the mpi.h
+    fourd was compiled with (abi_mismatch, from the native side): the first call with a handle
+    would crash."""
     if abi_mismatch:
         return abi_mismatch
+
     def first(v: str) -> str:
         return v.strip().splitlines()[0] if v.strip() else "?"
 
