@@ -98,8 +98,9 @@ _CORRECTION_PLAN = (("all_reduce", ("float32", "bfloat16"), (False, True)),
 # (virtual nodes share one machine's memory: 4 MiB there, where 16 MiB would only lengthen the
 # init of every such layout). With 4 MiB as the largest point, the emulated 4 x 2 cluster
 # timed flat, ring and hierarchical reduce_scatter alike there (21.5-22.4 ms), the held
-# factors made flat the cheapest at 16 and 64 MiB, and it ran 1.7-1.8x slower than ring: MPICH's pattern of concurrent transfers loses more to the
-# congested links as messages grow, which one alpha-beta figure per link cannot show.
+# factors made flat the cheapest at 16 and 64 MiB, and it ran 1.7-1.8x slower than ring:
+# MPICH's pattern of concurrent transfers loses more to the congested links as messages grow,
+# which one alpha-beta figure per link cannot show.
 _RAIL_SIZES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
 _MIXED_SIZES = (1 << 20, 4 << 20, 16 << 20)
 _VIRTUAL_SPANNING_MAX = 4 << 20
@@ -491,13 +492,9 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
     placement) once, in an order rotated from round to round so that drifting load falls on
     all alike: untimed calls first, a barrier, then a batch of calls lasting at least _BATCH_S
     (its length agreed by all ranks); the slowest rank's time; the median round. From
-    _CORRECTION_LARGE on, an algorithm is not measured at the next size when its time there,
-    predicted with the factor just measured, is more than _PRUNE times the best such
-    prediction (its last factor holds at the larger sizes). The prediction, not the time just
-    measured, decides: the algorithms' ranks change as buffers leave the caches (4 ranks of the
-    2-core VM, bfloat16 in place: shm read 1.26x rhd at 4 MiB, was pruned there and priced by
-    that factor, while at 16 and 64 MiB it ran 0.75x and 0.67x rhd; `auto` ran rhd at 1.5x the
-    time). fourd's own algorithms are multiplied by `margin` (the library's are not)."""
+    _CORRECTION_LARGE on, only the algorithms :func:`still_measured` keeps are timed at the
+    next size (the others' last factor holds at the larger sizes). fourd's own algorithms are
+    multiplied by `margin` (the library's are not)."""
     from . import _C
     from ._tensor import BFLOAT16, FLOAT32
 
@@ -539,12 +536,13 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
                 large = nbytes >= _CORRECTION_LARGE
                 med = _median_rounds(comm, [c[2] for c in calls], large, rounds_large)
                 nxt = sizes[sizes.index(size) + 1] if size != sizes[-1] else None
+                prune = large and nxt is not None  # below, latency and caches decide
                 timed = []  # (algorithm, measured, model here, model at the next size)
                 for i, (alg, in_place, _) in enumerate(calls):
                     model = _C.predict(collective, alg, nbytes, dtype, shape, prof, in_place)
-                    later = (_C.predict(collective, alg, nxt, dtype, shape, prof, in_place)
-                             if nxt is not None else 0.0)
-                    timed.append((alg, float(med[i]), model, later))
+                    if prune:
+                        timed.append((alg, float(med[i]), model, _C.predict(
+                            collective, alg, nxt, dtype, shape, prof, in_place)))
                     if not (model > 0 and np.isfinite(model)):
                         continue
                     factor = float(med[i]) / model * (1.0 if alg == "flat" else margin)
@@ -553,7 +551,7 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
                                 "half16": dtype == "bfloat16", "in_place": in_place,
                                 "nbytes": float(nbytes), "factor": min(10.0, max(0.1, factor)),
                                 "measured_s": float(med[i])})
-                if large and nxt is not None:  # below, latency and caches decide: no guide
+                if prune:
                     active = still_measured(active, timed)
     return out
 
@@ -563,7 +561,11 @@ def still_measured(active: list, timed: list, prune: float = _PRUNE) -> list:
     measured seconds, model seconds at this size, model seconds at the next size) per timed
     placement. An algorithm's time at the next size is predicted with the factor measured here
     (its best placement); those predicted more than `prune` times the best prediction are
-    dropped. An algorithm the model cannot price at both sizes is always kept."""
+    dropped. An algorithm the model cannot price at both sizes is always kept. The prediction,
+    not the time just measured, decides: the algorithms' ranks change as buffers leave the
+    caches (4 ranks of the 2-core VM, bfloat16 in place: shm read 1.26x rhd at 4 MiB, was
+    dropped there by the former rule and priced by that factor, while at 16 and 64 MiB it ran
+    0.75x and 0.67x rhd's time)."""
     ahead, keep = {}, set()
     for alg, measured, model, later in timed:
         guess = measured / model * later if model > 0 and np.isfinite(model) else np.nan
