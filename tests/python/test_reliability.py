@@ -192,7 +192,7 @@ def test_another_mpi_answering_fourd_is_refused_instead_of_crashing(tmp_path):
                    f'  const char *s = "{banner}";\n'
                    "  strcpy(v, s); *n = (int)strlen(s); return 0;\n}\n")
     lib = tmp_path / "libother_mpi.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=120)
     r = run_mpi(2, ["-c", "import fourd; fourd.init()"], timeout=120,
                 env={"LD_PRELOAD": str(lib)}, check=False)
     assert r.returncode != 0, r.stdout[-3000:]
