@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,7 +12,14 @@ namespace fourd::detail {
 
 CommState::CommState(std::string n, AxisMask m, std::unique_ptr<MpiComm> comm, GroupTopology t,
                      std::shared_ptr<const MachineProfile>* p)
-    : name(std::move(n)), mask(m), mpi(std::move(comm)), topo(std::move(t)), profile(p) {}
+    : name(std::move(n)), mask(m), mpi(std::move(comm)), topo(std::move(t)), profile(p) {
+  // FOURD_TUNE=0 turns tuning in use off (tuner.hpp); it must be the same on every rank.
+  if (const char* v = std::getenv("FOURD_TUNE")) {
+    std::string x(v);
+    for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (x == "0" || x == "off" || x == "false" || x == "no") tuner.setEnabled(false);
+  }
+}
 
 CommState::~CommState() {
   // Per-algorithm state first: a shared-memory window is freed collectively over the intra

@@ -17,6 +17,7 @@ namespace fourd {
 using detail::Clock;
 using detail::CommState;
 using detail::OpContext;
+using detail::Tuner;
 
 Communicator::Communicator(std::unique_ptr<CommState> state) : state_(std::move(state)) {}
 Communicator::~Communicator() = default;
@@ -92,6 +93,11 @@ Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype, bool
   auto& memo = state_->choiceMemo;
   const auto key = std::make_tuple(static_cast<int>(c), nbytes, static_cast<int>(dtype), inPlace);
   std::shared_ptr<const MachineProfile> profile = *state_->profile;
+  if (state_->tuner.enabled() && nbytes >= detail::Tuner::kMinBytes) {
+    // Tuned in use (tuner.hpp): what the calls settled on runs from then on.
+    const auto t = state_->tuner.report(key, profile);
+    if (t.state == "settled") return t.settled;
+  }
   {
     std::lock_guard<std::mutex> lock(memo.mu);
     if (memo.profile != profile) {
@@ -128,9 +134,28 @@ std::vector<Prediction> Communicator::explain(Collective c, size_t nbytes, DataT
   return preds;
 }
 
+Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType dtype,
+                                          bool inPlace) const {
+  Tuning out;
+  if (size() == 1 || c == Collective::kBroadcast || !state_->tuner.enabled() ||
+      nbytes < detail::Tuner::kMinBytes) {
+    out.state = "off";
+    return out;
+  }
+  const auto r = state_->tuner.report(
+      std::make_tuple(static_cast<int>(c), nbytes, static_cast<int>(dtype), inPlace),
+      *state_->profile);
+  out.state = r.state;
+  out.candidates = r.candidates;
+  out.seconds = r.seconds;
+  out.settled = r.settled;
+  return out;
+}
+
 namespace {
 
-// Resolves `requested` to a concrete algorithm that can run (never kAuto), or throws.
+// Resolves `requested` to a concrete algorithm that can run, or throws. kAuto only where the
+// call's tuning decides when it runs (runTuned).
 Algorithm resolveAlgorithm(Communicator& comm, Collective c, size_t nbytes, DataType dtype,
                            Algorithm requested, bool inPlace) {
   if (c == Collective::kBroadcast) return Algorithm::kFlat;
@@ -139,7 +164,12 @@ Algorithm resolveAlgorithm(Communicator& comm, Collective c, size_t nbytes, Data
       if (*env) requested = parseAlgorithm(env, "FOURD_ALGORITHM");
     }
   }
-  if (requested == Algorithm::kAuto) return comm.choose(c, nbytes, dtype, inPlace);
+  if (requested == Algorithm::kAuto) {
+    if (comm.size() > 1 && comm.state().tuner.enabled() && nbytes >= detail::Tuner::kMinBytes) {
+      return Algorithm::kAuto;
+    }
+    return comm.choose(c, nbytes, dtype, inPlace);
+  }
   if (comm.size() == 1) return Algorithm::kFlat;
   const auto* impl = detail::algorithmImpl(requested);
   if (impl == nullptr) {
@@ -153,6 +183,16 @@ Algorithm resolveAlgorithm(Communicator& comm, Collective c, size_t nbytes, Data
                           "' (" + comm.topology().describe() + "): " + why);
   }
   return requested;
+}
+
+// Fills in what runTuned needs when `auto` is left to the call's tuning.
+void markTuned(Communicator& comm, Algorithm& algorithm, size_t nbytes, bool inPlace,
+               size_t& tuneBytes, bool& tuneInPlace,
+               std::shared_ptr<const MachineProfile>& profile) {
+  if (algorithm != Algorithm::kAuto) return;
+  tuneBytes = nbytes;
+  tuneInPlace = inPlace;
+  profile = *comm.state().profile;
 }
 
 [[noreturn]] void abortJob(const std::string& msg) {
@@ -175,6 +215,11 @@ struct OpSpec {
   CallOptions opts;
   uint64_t seq = 0;
   void* stream = nullptr;  // CUDA buffers: the caller's stream (see internal/cuda_path.hpp)
+  // algorithm == kAuto on host buffers: tuned when it runs (runTuned), keyed by these, priced
+  // by the profile current when the call was issued (the same call on every rank).
+  size_t tuneBytes = 0;
+  bool tuneInPlace = false;
+  std::shared_ptr<const MachineProfile> profile;
 };
 
 #ifdef FOURD_HAVE_CUDA
@@ -244,6 +289,40 @@ Algorithm resolveOnState(CommState& s, Collective c, size_t nbytes, DataType dty
   return requested;
 }
 #endif
+
+// An `auto` call on host buffers: its tuning (tuner.hpp) picks the algorithm; the time of a
+// timed call goes back to it, and after the last timed call of its key every rank's medians
+// are made common (one MAX all-reduce on this group, at the same call on every rank).
+void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
+  const Tuner::Key key{static_cast<int>(spec.coll), spec.tuneBytes,
+                       static_cast<int>(spec.in.dtype), spec.tuneInPlace};
+  const auto step = s.tuner.next(key, spec.profile, [&] {
+    const GroupShape shape = shapeOf(s.topo);
+    auto preds = candidates(spec.coll, spec.tuneBytes, spec.in.dtype, shape, *spec.profile,
+                            spec.tuneInPlace);
+    for (auto& p : preds) p.supported = p.supported && detail::algorithmImpl(p.algorithm);
+    Algorithm model = fourd::choose(spec.coll, spec.tuneBytes, spec.in.dtype, shape,
+                                    *spec.profile, spec.tuneInPlace);
+    if (detail::algorithmImpl(model) == nullptr) model = Algorithm::kFlat;
+    return Tuner::shortlist(preds, model);
+  });
+  OpSpec run = spec;
+  run.algorithm = step.algorithm;
+  ctx.algorithm = algorithmName(step.algorithm);
+  // A candidate's timed calls start from a barrier (the first calls of a size only): else a
+  // rank's time holds its wait for the others, whatever the algorithm.
+  if (step.barrier) s.mpi->barrier(ctx);
+  const auto t0 = Clock::now();
+  runHostBody(s, run, ctx);
+  if (!step.timed) return;
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> mine = s.tuner.record(key, spec.profile, step, dt);
+  if (mine.empty()) return;
+  std::vector<double> common(mine.size());
+  s.mpi->allReduce(Buffer(mine.data(), mine.size(), DataType::kFloat64),
+                   Buffer(common.data(), common.size(), DataType::kFloat64), ReduceOp::kMax, ctx);
+  s.tuner.settle(key, spec.profile, common);
+}
 
 void runOp(CommState& s, const OpSpec& spec) {
   if (s.poisoned.load()) {
@@ -332,7 +411,8 @@ void runOp(CommState& s, const OpSpec& spec) {
       return;
     }
 #endif
-    runHostBody(s, spec, ctx);
+    if (spec.algorithm == Algorithm::kAuto) runTuned(s, spec, ctx);
+    else runHostBody(s, spec, ctx);
   } catch (const TimeoutError& e) {
     s.poison(std::string("seq ") + std::to_string(spec.seq) + " (" + spec.opName +
              ") timed out: " + e.what());
@@ -439,6 +519,8 @@ std::shared_ptr<Work> Communicator::allReduce(const Buffer& in, const Buffer& ou
                                    : resolveAlgorithm(*this, Collective::kAllReduce, in.bytes(),
                                                       in.dtype, opts.algorithm,
                                                       in.data == out.data);
+    markTuned(*this, spec.algorithm, in.bytes(), in.data == out.data, spec.tuneBytes,
+              spec.tuneInPlace, spec.profile);
   }
   if (!cuda && (in.count == 0 || size() == 1)) {
     if (in.data != out.data && in.bytes()) std::memcpy(out.data, in.data, in.bytes());
@@ -474,6 +556,8 @@ std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& ou
                                    : resolveAlgorithm(*this, Collective::kAllGather, out.bytes(),
                                                       in.dtype, opts.algorithm,
                                                       in.data == myBlock.data);
+    markTuned(*this, spec.algorithm, out.bytes(), in.data == myBlock.data, spec.tuneBytes,
+              spec.tuneInPlace, spec.profile);
   }
   if (!cuda && (in.count == 0 || size() == 1) && !state_->debug) {
     if (in.data != out.data && in.bytes()) std::memmove(out.data, in.data, in.bytes());
@@ -512,6 +596,8 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
     spec.algorithm = out.count == 0 ? Algorithm::kFlat
                                     : resolveAlgorithm(*this, Collective::kReduceScatter, in.bytes(),
                                                        in.dtype, opts.algorithm, inPlace);
+    markTuned(*this, spec.algorithm, in.bytes(), inPlace, spec.tuneBytes, spec.tuneInPlace,
+              spec.profile);
   }
   if (!cuda && (out.count == 0 || size() == 1) && !state_->debug) {
     if (out.bytes() && out.data != in.data) std::memmove(out.data, in.data, out.bytes());

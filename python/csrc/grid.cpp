@@ -303,6 +303,25 @@ void register_grid(py::module_& m) {
            },
            py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
            py::arg("in_place") = false)
+      .def("tuning",
+           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
+              bool inPlace) {
+             const auto t = c.tuning(fourd::parseCollective(coll), nbytes,
+                                     fourd::parseDataType(dtype), inPlace);
+             py::dict d;
+             d["state"] = t.state.empty() ? std::string("not yet run") : t.state;
+             py::list cands, secs;
+             for (auto a : t.candidates) cands.append(fourd::algorithmName(a));
+             for (double x : t.seconds) secs.append(x);
+             d["candidates"] = cands;
+             d["measured_s"] = secs;
+             d["settled"] = t.settled == fourd::Algorithm::kAuto
+                                ? py::object(py::none())
+                                : py::object(py::str(fourd::algorithmName(t.settled)));
+             return d;
+           },
+           py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
+           py::arg("in_place") = false)
       .def("explain",
            [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
               bool inPlace) {

@@ -19,6 +19,7 @@
 #include "fourd/work.hpp"
 #include "internal/mpi_comm.hpp"
 #include "internal/op_context.hpp"
+#include "internal/tuner.hpp"
 
 namespace fourd::detail {
 
@@ -107,6 +108,9 @@ class CommState {
     std::shared_ptr<const MachineProfile> profile;
     std::map<std::tuple<int, size_t, int, bool>, Algorithm> choices;
   } choiceMemo;
+
+  /// auto's tuning in use (tuner.hpp): calls run in issue order, so every rank steps it alike.
+  Tuner tuner;
 
   // Defaults and reliability.
   double defaultTimeout = 300.0;

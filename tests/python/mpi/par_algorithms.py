@@ -451,3 +451,125 @@ def test_async_issue_order_per_group(algo):
         assert torch.all(t == want), (algo, axis, int(t[0]), want)
         assert torch.all(other == sum(r + 1 for r in range(N)))
     fourd.finalize()
+
+
+# ---- auto's tuning in use (cpp/src/internal/tuner.hpp) ----------------------------------------
+
+TUNE_PER_CANDIDATE = 6  # Tuner::kWarm + Tuner::kTimed calls per candidate
+
+
+def _tied_profile(g, calls):
+    """Gives the grid a profile under which, for each (axis, nbytes, in_place, dtype) of
+    `calls`, every supported algorithm is predicted alike for that all_reduce (measured
+    corrections of the model), so that tuning has rivals to try. Returns the profile to
+    restore."""
+    from fourd import calibration
+
+    saved = g._native.profile
+    g._native.set_profile(calibration.to_native({"corrections": []}, saved))
+    corr = []
+    for axis, nbytes, in_place, dtype in calls:
+        rows = [r for r in g.explain("all_reduce", nbytes, axis, dtype, in_place)["candidates"]
+                if r["supported"]]
+        best = min(r["predicted_s"] for r in rows)
+        corr += [{"collective": "all_reduce", "algorithm": r["algorithm"],
+                  "group_size": g.size(axis), "nodes": g.topology(axis)["num_nodes"],
+                  "half16": False, "in_place": in_place, "nbytes": float(nbytes),
+                  "factor": best / r["predicted_s"]} for r in rows]
+    g._native.set_profile(calibration.to_native({"corrections": corr}, saved))
+    return saved
+
+
+def _agreed_by_my_group(g, axis, value):
+    everyone = WORLD.allgather(value)
+    return all(everyone[r] == value for r in g.ranks(axis))
+
+
+def test_auto_tuning_in_use_settles_alike_on_every_rank():
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    count = 2**18 + 5  # int32: just over 1 MiB (tuning starts at 256 KiB)
+    nbytes = 4 * count
+    axes = [a for a in ("x", "world") if g.size(a) > 1]
+    for axis in axes:
+        saved = _tied_profile(g, [(axis, nbytes, True, "int32")])
+        model = g.explain("all_reduce", nbytes, axis, "int32", True)
+        assert model["tuning"]["state"] == "not yet run", model["tuning"]
+        states = []
+        for i in range(40):
+            t = make(np.int32, values(ME, count, i))
+            fourd.all_reduce(t, axis, algorithm="auto")
+            check(t, oracle("sum", g.ranks(axis), count, i), "sum", np.int32, f"auto {axis} #{i}")
+            tu = g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]
+            states.append(tu["state"])
+            if tu["state"] != "exploring":
+                break
+        cands = tu["candidates"]
+        assert cands[0] == model["choice"] and 2 <= len(cands) <= 3, tu
+        assert states == ["exploring"] * (len(cands) * TUNE_PER_CANDIDATE - 1) + ["settled"], (
+            states, cands)
+        assert len(tu["measured_s"]) == len(cands) and all(s > 0 for s in tu["measured_s"]), tu
+        assert tu["settled"] in cands
+        # The group's common times (a MAX all-reduce): every member settles alike.
+        assert _agreed_by_my_group(g, axis, (tu["settled"], tu["measured_s"])), tu
+        assert g.explain("all_reduce", nbytes, axis, "int32", True)["choice"] == tu["settled"]
+        assert g.algorithm_for("all_reduce", nbytes, axis, "int32", True) == tu["settled"]
+        # Out of place is its own call: not tuned yet.
+        assert g.explain("all_reduce", nbytes, axis, "int32")["tuning"]["state"] == "not yet run"
+        for i in range(3):  # later calls run the settled algorithm, exact
+            t = make(np.int32, values(ME, count, 50 + i))
+            fourd.all_reduce(t, axis, algorithm="auto")
+            check(t, oracle("sum", g.ranks(axis), count, 50 + i), "sum", np.int32, f"{axis} settled")
+        g._native.set_profile(saved)
+        # A new profile prices the shortlists anew.
+        assert g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]["state"] == \
+            "not yet run"
+    # Below 256 KiB the model alone decides.
+    assert g.explain("all_reduce", 4096, "world")["tuning"]["state"] == "off"
+    fourd.finalize()
+
+
+def test_auto_tuning_with_operations_in_flight_on_several_axes():
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    count = 2**18 + 7
+    nbytes = 8 * count
+    axes = [a for a in ("x", "data", "world") if g.size(a) > 1]
+    if not axes:
+        fourd.finalize()
+        return
+    saved = _tied_profile(g, [(axis, nbytes, True, "float64") for axis in axes])
+    works, bufs = [], []
+    for i in range(14 * len(axes)):
+        axis = axes[i % len(axes)]
+        t = torch.full((count,), float(ME + 1 + i), dtype=torch.float64)
+        works.append(fourd.all_reduce(t, axis, algorithm="auto", async_op=True))
+        bufs.append((axis, t, i))
+    # Issue order per group holds through the tuning: sum, prod, sum, max on one buffer.
+    t = torch.full((count,), ME + 1, dtype=torch.int64)
+    ordered = [fourd.all_reduce(t, axes[0], op, algorithm="auto", async_op=True)
+               for op in ("sum", "prod", "sum", "max")]
+    for w in works + ordered:
+        w.wait(timeout=180)
+        assert w.is_completed()
+    for axis, buf, i in bufs:
+        assert torch.all(buf == sum(r + 1 + i for r in g.ranks(axis))), (axis, i)
+    p = g.size(axes[0])
+    assert torch.all(t == p * sum(r + 1 for r in g.ranks(axes[0])) ** p)
+    for axis in axes:
+        tu = g.explain("all_reduce", nbytes, axis, "float64", True)["tuning"]
+        assert tu["state"] in ("exploring", "settled"), (axis, tu)
+        assert _agreed_by_my_group(g, axis, (tu["state"], tu["settled"], tu["measured_s"])), tu
+    g._native.set_profile(saved)
+    fourd.finalize()
+
+
+def test_auto_tuning_off_with_FOURD_TUNE_0(monkeypatch):
+    monkeypatch.setenv("FOURD_TUNE", "0")
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    count = 2**18 + 5
+    for i in range(3):
+        t = make(np.int32, values(ME, count, i))
+        fourd.all_reduce(t, "world", algorithm="auto")
+        check(t, oracle("sum", g.ranks("world"), count, i), "sum", np.int32, "FOURD_TUNE=0")
+    e = g.explain("all_reduce", 4 * count, "world", "int32", True)
+    assert e["tuning"]["state"] == "off" or N == 1, e["tuning"]
+    fourd.finalize()

@@ -1,0 +1,109 @@
+#pragma once
+// Tuning in use: `auto` checks the cost model's choice against its close rivals on the calls
+// themselves (docs/algorithms.md, "Tuning in use").
+//
+// The model's parameters come from a calibration of a few seconds on a busy machine; two
+// calibrations in a row differ by a median 1.2x and up to 1.5x per point, so where two
+// algorithms are predicted within that spread of each other the model picks between them by
+// chance (on the emulated 2 x 3 cluster, 1 MiB all_reduce: predicted ring 5.4 ms, hierarchical
+// 5.9 ms; ran 5.4-5.9 ms and 3.7-4.0 ms). Training issues the same collectives at the same
+// sizes every step, so the calls can settle it: for each (collective, bytes, dtype, placement)
+// the first calls run the shortlist (the model's choice and the algorithms predicted within
+// kWindow of it, kMaxCandidates at most) in turn, kWarm untimed and kTimed timed calls each;
+// (the timed ones back to back after a barrier, as fourd.bench times: a barrier before every
+// call timed rhd 1.3x faster than it ran in a row of calls, and auto switched to it wrongly);
+// after the last, one all-reduce (MAX) of every candidate's median time over the group, and
+// from then on every call runs the fastest (the model's choice unless another was faster by
+// more than 1 - kSwitch).
+//
+// Every rank must make the same choice for the same call, so nothing here depends on a rank's
+// own clock except the times that the all-reduce makes common: the schedule depends only on
+// how many calls of a key this communicator has run (in issue order on every rank), and the
+// profile that prices the shortlist is the one current when the call was issued.
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fourd/cost_model.hpp"
+
+namespace fourd::detail {
+
+class Tuner {
+ public:
+  static constexpr int kWarm = 3;             ///< untimed calls of a candidate before its timed ones
+  static constexpr int kTimed = 3;            ///< timed calls per candidate (their median counts)
+  static constexpr int kMaxCandidates = 3;    ///< the model's choice and up to 2 rivals
+  static constexpr double kWindow = 1.5;      ///< rivals: predicted within this of the choice
+  static constexpr double kSwitch = 0.95;     ///< leave the model's choice only below this
+  static constexpr size_t kMinBytes = 256 << 10;  ///< smaller calls: the model alone decides
+
+  using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
+
+  /// The algorithms to try, the model's choice first, then its rivals by predicted time.
+  static std::vector<Algorithm> shortlist(const std::vector<Prediction>& preds, Algorithm model);
+  /// Index of the candidate to keep, given every candidate's time (index 0: the model's).
+  static size_t decide(const std::vector<double>& seconds);
+
+  /// One call's part in the tuning of its key.
+  struct Step {
+    Algorithm algorithm = Algorithm::kFlat;
+    bool timed = false;  ///< pass the call's time to record()
+    bool barrier = false;  ///< the first timed call of a candidate: start from a barrier
+    int candidate = -1;
+  };
+
+  /// Whether calls of `nbytes` are tuned (FOURD_TUNE unset or on, and large enough).
+  bool enabled() const noexcept { return enabled_; }
+  void setEnabled(bool on) noexcept { enabled_ = on; }
+
+  /// The algorithm for the next call of `key` priced by `profile`. `candidates` computes the
+  /// shortlist the first time the key is seen with this profile.
+  template <class F>
+  Step next(const Key& key, const std::shared_ptr<const MachineProfile>& profile, F&& candidates) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& e = entryLocked(key, profile);
+    if (e.cands.empty()) e.cands = candidates();
+    return stepLocked(e);
+  }
+  /// Records a timed call's seconds. Returns the local medians of every candidate when this
+  /// call was the key's last timed one (the caller makes them common, then calls settle()).
+  std::vector<double> record(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                             const Step& step, double seconds);
+  /// Fixes the key's algorithm from the group's common times (one per candidate).
+  void settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+              const std::vector<double>& seconds);
+
+  /// What is known of `key`: "exploring" or "settled" (with the shortlist and, once settled,
+  /// the common times), "single" (no rival within kWindow: the model's choice runs), or
+  /// nothing yet (`state` empty: no call of it has run with the current profile).
+  struct Report {
+    std::string state;
+    std::vector<Algorithm> candidates;
+    std::vector<double> seconds;
+    Algorithm settled = Algorithm::kAuto;
+  };
+  Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile) const;
+
+ private:
+  struct Entry {
+    std::vector<Algorithm> cands;
+    std::vector<std::vector<double>> samples;
+    int calls = 0;
+    Algorithm settled = Algorithm::kAuto;
+    std::vector<double> seconds;
+  };
+  Entry& entryLocked(const Key& key, const std::shared_ptr<const MachineProfile>& profile);
+  Step stepLocked(Entry& e);
+
+  mutable std::mutex mu_;
+  bool enabled_ = true;
+  std::shared_ptr<const MachineProfile> profile_;  ///< the profile the entries were made with
+  std::map<Key, Entry> entries_;
+};
+
+}  // namespace fourd::detail

@@ -1,0 +1,119 @@
+#include "internal/tuner.hpp"
+
+#include <algorithm>
+
+namespace fourd::detail {
+
+std::vector<Algorithm> Tuner::shortlist(const std::vector<Prediction>& preds, Algorithm model) {
+  double base = 0.0;
+  for (const auto& p : preds) {
+    if (p.algorithm == model && p.supported) base = p.seconds;
+  }
+  std::vector<const Prediction*> rivals;
+  for (const auto& p : preds) {
+    if (p.algorithm == model || !p.supported || !(p.seconds > 0) || !(base > 0)) continue;
+    if (p.seconds <= kWindow * base) rivals.push_back(&p);
+  }
+  // Stable: equal predictions keep enum order, the same on every rank.
+  std::stable_sort(rivals.begin(), rivals.end(),
+                   [](const Prediction* a, const Prediction* b) { return a->seconds < b->seconds; });
+  std::vector<Algorithm> out{model};
+  for (const auto* p : rivals) {
+    if (static_cast<int>(out.size()) >= kMaxCandidates) break;
+    out.push_back(p->algorithm);
+  }
+  return out;
+}
+
+size_t Tuner::decide(const std::vector<double>& seconds) {
+  if (seconds.empty()) return 0;
+  size_t best = 0;
+  for (size_t i = 1; i < seconds.size(); ++i) {
+    if (seconds[i] < seconds[best]) best = i;
+  }
+  // The model's choice stays unless beaten clearly: a near tie is the noise of a busy machine.
+  return best != 0 && seconds[best] < kSwitch * seconds[0] ? best : 0;
+}
+
+Tuner::Entry& Tuner::entryLocked(const Key& key,
+                                 const std::shared_ptr<const MachineProfile>& profile) {
+  if (profile_ != profile) {  // a new profile prices the shortlists anew
+    entries_.clear();
+    profile_ = profile;
+  }
+  if (entries_.size() >= 4096 && entries_.find(key) == entries_.end()) {
+    entries_.clear();  // bounded: sizes may vary per call (the same count on every rank)
+  }
+  return entries_[key];
+}
+
+Tuner::Step Tuner::stepLocked(Entry& e) {
+  Step s;
+  if (e.settled != Algorithm::kAuto) {
+    s.algorithm = e.settled;
+    return s;
+  }
+  const int m = static_cast<int>(e.cands.size());
+  if (m <= 1) {  // nothing to compare
+    e.settled = e.cands.empty() ? Algorithm::kFlat : e.cands[0];
+    s.algorithm = e.settled;
+    return s;
+  }
+  if (e.samples.empty()) e.samples.assign(m, {});
+  const int per = kWarm + kTimed;
+  const int i = e.calls < m * per ? e.calls : m * per - 1;
+  ++e.calls;
+  s.candidate = i / per;
+  s.algorithm = e.cands[s.candidate];
+  s.timed = i % per >= kWarm;
+  s.barrier = i % per == kWarm;
+  return s;
+}
+
+std::vector<double> Tuner::record(const Key& key,
+                                  const std::shared_ptr<const MachineProfile>& profile,
+                                  const Step& step, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (profile_ != profile || step.candidate < 0) return {};
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.settled != Algorithm::kAuto) return {};
+  Entry& e = it->second;
+  e.samples[step.candidate].push_back(seconds);
+  const int m = static_cast<int>(e.cands.size());
+  if (step.candidate != m - 1 || static_cast<int>(e.samples[m - 1].size()) != kTimed) return {};
+  std::vector<double> med(m);
+  for (int c = 0; c < m; ++c) {
+    auto v = e.samples[c];
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    med[c] = v[v.size() / 2];
+  }
+  return med;
+}
+
+void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                   const std::vector<double>& seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (profile_ != profile) return;
+  auto it = entries_.find(key);
+  if (it == entries_.end() || seconds.size() != it->second.cands.size()) return;
+  it->second.seconds = seconds;
+  it->second.settled = it->second.cands[decide(seconds)];
+  it->second.samples.clear();
+}
+
+Tuner::Report Tuner::report(const Key& key,
+                            const std::shared_ptr<const MachineProfile>& profile) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Report r;
+  if (profile_ != profile) return r;
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return r;
+  const Entry& e = it->second;
+  r.candidates = e.cands;
+  r.seconds = e.seconds;
+  r.settled = e.settled;
+  r.state = e.cands.size() <= 1 ? "single" : e.settled != Algorithm::kAuto ? "settled" : "exploring";
+  return r;
+}
+
+}  // namespace fourd::detail

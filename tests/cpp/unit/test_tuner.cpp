@@ -1,0 +1,137 @@
+// auto's tuning in use (internal/tuner.hpp): the shortlist, the decision, and the schedule every
+// rank steps through alike.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "fourd/cost_model.hpp"
+#include "internal/tuner.hpp"
+
+using namespace fourd;
+using fourd::detail::Tuner;
+
+namespace {
+
+Prediction pred(Algorithm a, double s, bool ok = true) {
+  Prediction p;
+  p.algorithm = a;
+  p.seconds = ok ? s : 1.0 / 0.0;
+  p.supported = ok;
+  return p;
+}
+
+const Tuner::Key kKey{0, size_t(1) << 20, 0, false};
+
+}  // namespace
+
+TEST(Tuner, ShortlistIsTheChoiceThenRivalsWithinTheWindowByPrediction) {
+  const std::vector<Prediction> preds = {
+      pred(Algorithm::kFlat, 3.0), pred(Algorithm::kRing, 1.4), pred(Algorithm::kRhd, 1.2),
+      pred(Algorithm::kHierarchical, 1.0, false), pred(Algorithm::kShm, 1.0)};
+  const auto s = Tuner::shortlist(preds, Algorithm::kShm);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0], Algorithm::kShm);
+  EXPECT_EQ(s[1], Algorithm::kRhd);   // 1.2x
+  EXPECT_EQ(s[2], Algorithm::kRing);  // 1.4x; flat (3x) and unsupported hierarchical are out
+}
+
+TEST(Tuner, ShortlistKeepsAtMostThreeAndIsAloneWithoutRivals) {
+  const std::vector<Prediction> close = {
+      pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 1.0), pred(Algorithm::kRhd, 1.0),
+      pred(Algorithm::kHierarchical, 1.0), pred(Algorithm::kShm, 1.0)};
+  const auto s = Tuner::shortlist(close, Algorithm::kRhd);
+  ASSERT_EQ(static_cast<int>(s.size()), Tuner::kMaxCandidates);
+  EXPECT_EQ(s[0], Algorithm::kRhd);
+  EXPECT_EQ(s[1], Algorithm::kFlat);  // ties keep enum order: the same on every rank
+  EXPECT_EQ(s[2], Algorithm::kRing);
+  const std::vector<Prediction> far = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 1.6)};
+  EXPECT_EQ(Tuner::shortlist(far, Algorithm::kFlat), std::vector<Algorithm>{Algorithm::kFlat});
+}
+
+TEST(Tuner, DecideLeavesTheModelsChoiceOnlyForAClearGain) {
+  EXPECT_EQ(Tuner::decide({1.0, 0.97, 1.2}), 0u);  // 3% faster: noise, the model's stays
+  EXPECT_EQ(Tuner::decide({1.0, 0.90, 0.94}), 1u);
+  EXPECT_EQ(Tuner::decide({1.0, 0.94, 0.60}), 2u);
+  EXPECT_EQ(Tuner::decide({0.5, 0.9}), 0u);
+  EXPECT_EQ(Tuner::decide({}), 0u);
+}
+
+TEST(Tuner, ScheduleTriesEachCandidateInBlocksThenRunsTheFastest) {
+  Tuner t;
+  auto prof = std::make_shared<const MachineProfile>();
+  const std::vector<Algorithm> cands = {Algorithm::kRing, Algorithm::kRhd, Algorithm::kShm};
+  int made = 0;
+  auto make = [&] {
+    ++made;
+    return cands;
+  };
+  const int per = Tuner::kWarm + Tuner::kTimed;
+  const double secs[] = {3.0, 1.0, 2.0};  // rhd fastest
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < per; ++i) {
+      EXPECT_EQ(t.report(kKey, prof).state, c == 0 && i == 0 ? "" : "exploring");
+      const auto step = t.next(kKey, prof, make);
+      EXPECT_EQ(step.algorithm, cands[c]);
+      EXPECT_EQ(step.candidate, c);
+      EXPECT_EQ(step.timed, i >= Tuner::kWarm);
+      EXPECT_EQ(step.barrier, i == Tuner::kWarm);
+      if (!step.timed) continue;
+      const auto med = t.record(kKey, prof, step, secs[c] + 0.1 * i);
+      if (c == 2 && i == per - 1) {
+        ASSERT_EQ(med.size(), 3u);  // the last timed call hands back every median
+        for (int k = 0; k < 3; ++k) {
+          EXPECT_DOUBLE_EQ(med[k], secs[k] + 0.1 * (Tuner::kWarm + Tuner::kTimed / 2));
+        }
+        t.settle(kKey, prof, med);
+      } else {
+        EXPECT_TRUE(med.empty());
+      }
+    }
+  }
+  EXPECT_EQ(made, 1);
+  const auto r = t.report(kKey, prof);
+  EXPECT_EQ(r.state, "settled");
+  EXPECT_EQ(r.settled, Algorithm::kRhd);
+  EXPECT_EQ(r.candidates, cands);
+  ASSERT_EQ(r.seconds.size(), 3u);
+  for (int i = 0; i < 5; ++i) {
+    const auto step = t.next(kKey, prof, make);
+    EXPECT_EQ(step.algorithm, Algorithm::kRhd);
+    EXPECT_FALSE(step.timed);
+    EXPECT_FALSE(step.barrier);
+  }
+  // Another key is tuned on its own; a new profile starts every key again.
+  const Tuner::Key other{0, size_t(1) << 22, 0, false};
+  EXPECT_EQ(t.next(other, prof, make).algorithm, Algorithm::kRing);
+  auto prof2 = std::make_shared<const MachineProfile>();
+  EXPECT_EQ(t.report(kKey, prof2).state, "");
+  EXPECT_EQ(t.next(kKey, prof2, make).algorithm, Algorithm::kRing);
+  EXPECT_EQ(t.report(kKey, prof2).state, "exploring");
+  EXPECT_EQ(t.report(kKey, prof).state, "");  // the old profile's entries are gone
+}
+
+TEST(Tuner, ASingleCandidateRunsAtOnceUntimed) {
+  Tuner t;
+  auto prof = std::make_shared<const MachineProfile>();
+  for (int i = 0; i < 3; ++i) {
+    const auto step =
+        t.next(kKey, prof, [] { return std::vector<Algorithm>{Algorithm::kHierarchical}; });
+    EXPECT_EQ(step.algorithm, Algorithm::kHierarchical);
+    EXPECT_FALSE(step.timed);
+  }
+  EXPECT_EQ(t.report(kKey, prof).state, "single");
+}
+
+TEST(Tuner, SettleIgnoresAStaleProfileOrAWrongCount) {
+  Tuner t;
+  auto prof = std::make_shared<const MachineProfile>();
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
+  t.next(kKey, prof, make);
+  t.settle(kKey, prof, {1.0});  // one time for two candidates
+  EXPECT_EQ(t.report(kKey, prof).state, "exploring");
+  t.settle(kKey, std::make_shared<const MachineProfile>(), {2.0, 1.0});
+  EXPECT_EQ(t.report(kKey, prof).state, "exploring");
+  t.settle(kKey, prof, {2.0, 1.0});
+  EXPECT_EQ(t.report(kKey, prof).settled, Algorithm::kRhd);
+}
