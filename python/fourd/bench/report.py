@@ -13,7 +13,7 @@ import math
 import sys
 
 SCHEMA = "fourd.bench"
-SCHEMA_VERSION = 2  # 2: rows gained rounds and round_times_us (--rounds)
+SCHEMA_VERSION = 3  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning
 
 # Every row carries these keys (None where a value does not apply), in this order in the CSV.
 ROW_FIELDS = (
@@ -28,6 +28,7 @@ ROW_FIELDS = (
     ("wrong", (int, type(None))), ("bound_us", (float, type(None))),
     ("bound_sum_us", (float, type(None))), ("efficiency", (float, type(None))),
     ("predicted_us", (float, type(None))), ("auto_choice", (str, type(None))),
+    ("auto_tuning", (dict, type(None))),
     ("ratio_vs_mpi", (float, type(None))), ("ratio_vs_torch", (float, type(None))),
     ("times_us", list), ("round_times_us", list),
 )

@@ -38,6 +38,7 @@ MIN_TARGET_S = 0.01
 FIRST_CELL_WARMUP = 20  # extra untimed calls before the first timed cell of a run
 LONG_CALL_S = 100e-6  # calls at least this long (the slowest rank's) ...
 LONG_CALL_WARMUP = 12  # ... get at least this many warm-up calls
+TUNING_MAX_CALLS = 64  # auto: untimed calls until its tuning has settled, at most this many
 MIN_ITERS = 3
 MAX_ITERS = 1000  # 20 before: a 20 us cell then timed 0.4 ms of calls, and one 250 us
 # scheduling stall of a rank (4 ranks on 2 cores) moved its mean 1.5x
@@ -205,6 +206,20 @@ class Runner:
                 t0 = time.perf_counter()
                 call()
                 est = time.perf_counter() - t0
+            if impl.library == "fourd" and impl.algorithm == "auto":
+                # Tuning in use (docs/algorithms.md): the first calls of a size run auto's
+                # shortlist in turn; measured once they have settled, as in a training run's
+                # later steps. How many calls that took is in the row's auto_tuning.
+                nbytes = bufs.count * ITEMSIZE[bufs.dtype]
+                for _ in range(TUNING_MAX_CALLS):
+                    ex = self.grid.explain(bufs.collective, nbytes, axis.name,
+                                           dtype=bufs.dtype, in_place=in_place)
+                    if ex["forced_by_env"] or ex["set_by_plan"] or \
+                            ex["tuning"]["state"] not in ("exploring", "not yet run"):
+                        break
+                    t0 = time.perf_counter()
+                    call()
+                    est = time.perf_counter() - t0
         self._first_cell = False
         flags = np.array([1.0 if local_err else 0.0, est])
         self.world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
@@ -417,6 +432,15 @@ class Runner:
                         cells[in_place] = got
                     if r == rounds - 1:
                         self.progress.step(f"{coll} {axis.name} {size} B {impl.label}")
+        # What auto ran: asked again now, since tuning in use may have settled on another
+        # algorithm than the model's choice during the row (docs/algorithms.md).
+        if any(i.library == "fourd" and i.algorithm == "auto" for i in todo):
+            for in_place in (False, True):
+                try:
+                    ctx["explained"][in_place] = self.grid.explain(
+                        coll, ctx["nbytes"], axis.name, dtype=dtype, in_place=in_place)
+                except Exception:  # noqa: BLE001 - as when the row began
+                    pass
         for impl in todo:
             cells = {}
             for in_place, got in measured[id(impl)].items():
@@ -518,6 +542,7 @@ class Runner:
             "bound_sum_us": bnd["t_sum_s"] * 1e6 if bnd else None,
             "efficiency": (bnd["t_min_s"] * 1e6 / stats["time_us"]) if bnd and stats["time_us"] > 0 else None,
             "auto_choice": None,
+            "auto_tuning": None,
             "predicted_us": None,
             "ratio_vs_mpi": None,
             "ratio_vs_torch": None,
@@ -525,6 +550,7 @@ class Runner:
         if impl.library == "fourd":
             if impl.algorithm == "auto":
                 row["auto_choice"] = explained.get("choice")
+                row["auto_tuning"] = explained.get("tuning")
                 cand = cands.get(explained.get("choice") or "")
             else:
                 cand = cands.get(impl.algorithm)
