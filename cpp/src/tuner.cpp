@@ -61,12 +61,17 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
   }
   if (e.samples.empty()) e.samples.assign(m, {});
   const int per = kWarm + kTimed;
-  const int i = e.calls < m * per ? e.calls : m * per - 1;
+  const int total = kPasses * m * per;
+  const int i = e.calls < total ? e.calls : total - 1;
   ++e.calls;
-  s.candidate = i / per;
+  const int pass = i / (m * per);
+  const int block = (i % (m * per)) / per;
+  const int pos = i % per;
+  s.candidate = pass % 2 == 0 ? block : m - 1 - block;
   s.algorithm = e.cands[s.candidate];
-  s.timed = i % per >= kWarm;
-  s.barrier = i % per == kWarm;
+  s.timed = pos >= kWarm;
+  s.barrier = pos == kWarm;
+  s.last = i == total - 1;
   return s;
 }
 
@@ -79,15 +84,19 @@ std::vector<double> Tuner::record(const Key& key,
   if (it == entries_.end() || it->second.settled != Algorithm::kAuto) return {};
   Entry& e = it->second;
   e.samples[step.candidate].push_back(seconds);
+  if (!step.last) return {};
   const int m = static_cast<int>(e.cands.size());
-  if (step.candidate != m - 1 || static_cast<int>(e.samples[m - 1].size()) != kTimed) return {};
-  std::vector<double> med(m);
+  std::vector<double> best(m);
   for (int c = 0; c < m; ++c) {
-    auto v = e.samples[c];
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    med[c] = v[v.size() / 2];
+    const auto& v = e.samples[c];
+    best[c] = 0.0;
+    for (size_t p = 0; p + kTimed <= v.size(); p += kTimed) {  // one median per pass
+      std::vector<double> w(v.begin() + p, v.begin() + p + kTimed);
+      std::nth_element(w.begin(), w.begin() + kTimed / 2, w.end());
+      best[c] = p == 0 ? w[kTimed / 2] : std::min(best[c], w[kTimed / 2]);
+    }
   }
-  return med;
+  return best;
 }
 
 void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,

@@ -9,12 +9,15 @@
 // 5.9 ms; ran 5.4-5.9 ms and 3.7-4.0 ms). Training issues the same collectives at the same
 // sizes every step, so the calls can settle it: for each (collective, bytes, dtype, placement)
 // the first calls run the shortlist (the model's choice and the algorithms predicted within
-// kWindow of it, kMaxCandidates at most) in turn, kWarm untimed and kTimed timed calls each;
-// (the timed ones back to back after a barrier, as fourd.bench times: a barrier before every
-// call timed rhd 1.3x faster than it ran in a row of calls, and auto switched to it wrongly);
-// after the last, one all-reduce (MAX) of every candidate's median time over the group, and
-// from then on every call runs the fastest (the model's choice unless another was faster by
-// more than 1 - kSwitch).
+// kWindow of it, kMaxCandidates at most) in two passes, the second in reverse order: in each,
+// a candidate gets kWarm untimed calls, then a barrier, then kTimed timed calls back to back
+// (a barrier before every timed call timed rhd 1.3x faster than it ran in a row of calls, as
+// the benchmark and training run it). A candidate's figure is the better of its two passes'
+// medians: the first calls of a size, and the first after another algorithm, ran up to 1.7x
+// slow (4 ranks of the 2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16
+// and lost to ring at 2.5 ms; it then ran 2.2 ms against ring's 2.5). After the last call, one
+// all-reduce (MAX) of every candidate's figure over the group, and from then on every call
+// runs the fastest (the model's choice unless another was faster by more than 1 - kSwitch).
 //
 // Every rank must make the same choice for the same call, so nothing here depends on a rank's
 // own clock except the times that the all-reduce makes common: the schedule depends only on
@@ -35,8 +38,9 @@ namespace fourd::detail {
 
 class Tuner {
  public:
-  static constexpr int kWarm = 3;             ///< untimed calls of a candidate before its timed ones
-  static constexpr int kTimed = 3;            ///< timed calls per candidate (their median counts)
+  static constexpr int kWarm = 2;             ///< untimed calls of a candidate in each pass
+  static constexpr int kTimed = 3;            ///< then timed calls (their median counts)
+  static constexpr int kPasses = 2;           ///< the second in reverse order
   static constexpr int kMaxCandidates = 3;    ///< the model's choice and up to 2 rivals
   static constexpr double kWindow = 1.5;      ///< rivals: predicted within this of the choice
   static constexpr double kSwitch = 0.95;     ///< leave the model's choice only below this
@@ -54,6 +58,7 @@ class Tuner {
     Algorithm algorithm = Algorithm::kFlat;
     bool timed = false;  ///< pass the call's time to record()
     bool barrier = false;  ///< the first timed call of a candidate: start from a barrier
+    bool last = false;     ///< the last timed call of the exploration
     int candidate = -1;
   };
 
@@ -70,8 +75,9 @@ class Tuner {
     if (e.cands.empty()) e.cands = candidates();
     return stepLocked(e);
   }
-  /// Records a timed call's seconds. Returns the local medians of every candidate when this
-  /// call was the key's last timed one (the caller makes them common, then calls settle()).
+  /// Records a timed call's seconds. Returns every candidate's local figure (the better of its
+  /// passes' medians) when this call was the key's last timed one (the caller makes them
+  /// common, then calls settle()).
   std::vector<double> record(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                              const Step& step, double seconds);
   /// Fixes the key's algorithm from the group's common times (one per candidate).
