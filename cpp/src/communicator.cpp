@@ -149,6 +149,7 @@ Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType 
   out.candidates = r.candidates;
   out.seconds = r.seconds;
   out.settled = r.settled;
+  out.exploreCalls = r.exploreCalls;
   return out;
 }
 

@@ -25,6 +25,12 @@ std::vector<Algorithm> Tuner::shortlist(const std::vector<Prediction>& preds, Al
   return out;
 }
 
+int Tuner::timedCalls(size_t nbytes) {
+  if (nbytes == 0) return kMaxTimed;
+  const size_t n = (kTimedBytes + nbytes - 1) / nbytes;
+  return static_cast<int>(std::min<size_t>(kMaxTimed, std::max<size_t>(kTimed, n)));
+}
+
 size_t Tuner::decide(const std::vector<double>& seconds) {
   if (seconds.empty()) return 0;
   size_t best = 0;
@@ -44,7 +50,12 @@ Tuner::Entry& Tuner::entryLocked(const Key& key,
   if (entries_.size() >= 4096 && entries_.find(key) == entries_.end()) {
     entries_.clear();  // bounded: sizes may vary per call (the same count on every rank)
   }
-  return entries_[key];
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    it = entries_.emplace(key, Entry{}).first;
+    it->second.timed = timedCalls(std::get<1>(key));
+  }
+  return it->second;
 }
 
 Tuner::Step Tuner::stepLocked(Entry& e) {
@@ -60,7 +71,7 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
     return s;
   }
   if (e.samples.empty()) e.samples.assign(m, {});
-  const int per = kWarm + kTimed;
+  const int per = kWarm + e.timed;
   const int total = kPasses * m * per;
   const int i = e.calls < total ? e.calls : total - 1;
   ++e.calls;
@@ -90,10 +101,11 @@ std::vector<double> Tuner::record(const Key& key,
   for (int c = 0; c < m; ++c) {
     const auto& v = e.samples[c];
     best[c] = 0.0;
-    for (size_t p = 0; p + kTimed <= v.size(); p += kTimed) {  // one median per pass
-      std::vector<double> w(v.begin() + p, v.begin() + p + kTimed);
-      std::nth_element(w.begin(), w.begin() + kTimed / 2, w.end());
-      best[c] = p == 0 ? w[kTimed / 2] : std::min(best[c], w[kTimed / 2]);
+    const size_t k = static_cast<size_t>(e.timed);
+    for (size_t p = 0; p + k <= v.size(); p += k) {  // one median per pass
+      std::vector<double> w(v.begin() + p, v.begin() + p + k);
+      std::nth_element(w.begin(), w.begin() + k / 2, w.end());
+      best[c] = p == 0 ? w[k / 2] : std::min(best[c], w[k / 2]);
     }
   }
   return best;
@@ -121,6 +133,8 @@ Tuner::Report Tuner::report(const Key& key,
   r.candidates = e.cands;
   r.seconds = e.seconds;
   r.settled = e.settled;
+  r.exploreCalls = e.cands.size() <= 1 ? 0
+                   : kPasses * static_cast<int>(e.cands.size()) * (kWarm + e.timed);
   r.state = e.cands.size() <= 1 ? "single" : e.settled != Algorithm::kAuto ? "settled" : "exploring";
   return r;
 }

@@ -315,6 +315,7 @@ void register_grid(py::module_& m) {
              for (double x : t.seconds) secs.append(x);
              d["candidates"] = cands;
              d["measured_s"] = secs;
+             d["explore_calls"] = t.exploreCalls;
              d["settled"] = t.settled == fourd::Algorithm::kAuto
                                 ? py::object(py::none())
                                 : py::object(py::str(fourd::algorithmName(t.settled)));

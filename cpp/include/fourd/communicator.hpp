@@ -73,6 +73,7 @@ class Communicator {
     std::vector<Algorithm> candidates;
     std::vector<double> seconds;
     Algorithm settled = Algorithm::kAuto;
+    int exploreCalls = 0;  ///< how many calls the exploration takes (0 when nothing to try)
   };
   Tuning tuning(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
 

@@ -10,7 +10,9 @@
 // sizes every step, so the calls can settle it: for each (collective, bytes, dtype, placement)
 // the first calls run the shortlist (the model's choice and the algorithms predicted within
 // kWindow of it, kMaxCandidates at most) in two passes, the second in reverse order: in each,
-// a candidate gets kWarm untimed calls, then a barrier, then kTimed timed calls back to back
+// a candidate gets kWarm untimed calls, then a barrier, then timed calls back to back (kTimed,
+// more for small calls, so that they carry kTimedBytes: medians of 3 calls of 1 MiB on 4 ranks
+// ranked shm, ring and rhd within 10% of each other the other way round from the benchmark)
 // (a barrier before every timed call timed rhd 1.3x faster than it ran in a row of calls, as
 // the benchmark and training run it). A candidate's figure is the better of its two passes'
 // medians: the first calls of a size, and the first after another algorithm, ran up to 1.7x
@@ -39,7 +41,9 @@ namespace fourd::detail {
 class Tuner {
  public:
   static constexpr int kWarm = 2;             ///< untimed calls of a candidate in each pass
-  static constexpr int kTimed = 3;            ///< then timed calls (their median counts)
+  static constexpr int kTimed = 3;            ///< then timed calls (their median counts), at least
+  static constexpr int kMaxTimed = 12;        ///< ... and at most
+  static constexpr size_t kTimedBytes = size_t(12) << 20;  ///< what the timed calls carry
   static constexpr int kPasses = 2;           ///< the second in reverse order
   static constexpr int kMaxCandidates = 3;    ///< the model's choice and up to 2 rivals
   static constexpr double kWindow = 1.5;      ///< rivals: predicted within this of the choice
@@ -50,6 +54,8 @@ class Tuner {
 
   /// The algorithms to try, the model's choice first, then its rivals by predicted time.
   static std::vector<Algorithm> shortlist(const std::vector<Prediction>& preds, Algorithm model);
+  /// Timed calls per candidate and pass for calls of `nbytes` (the same on every rank).
+  static int timedCalls(size_t nbytes);
   /// Index of the candidate to keep, given every candidate's time (index 0: the model's).
   static size_t decide(const std::vector<double>& seconds);
 
@@ -92,6 +98,7 @@ class Tuner {
     std::vector<Algorithm> candidates;
     std::vector<double> seconds;
     Algorithm settled = Algorithm::kAuto;
+    int exploreCalls = 0;  ///< how many calls the exploration takes in all
   };
   Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile) const;
 
@@ -100,6 +107,7 @@ class Tuner {
     std::vector<Algorithm> cands;
     std::vector<std::vector<double>> samples;
     int calls = 0;
+    int timed = kTimed;  ///< timedCalls() of the key's size
     Algorithm settled = Algorithm::kAuto;
     std::vector<double> seconds;
   };

@@ -49,6 +49,16 @@ TEST(Tuner, ShortlistKeepsAtMostThreeAndIsAloneWithoutRivals) {
   EXPECT_EQ(Tuner::shortlist(far, Algorithm::kFlat), std::vector<Algorithm>{Algorithm::kFlat});
 }
 
+TEST(Tuner, TimedCallsCarryTwelveMiBBetweenThreeAndTwelveCalls) {
+  EXPECT_EQ(Tuner::timedCalls(size_t(256) << 10), 12);
+  EXPECT_EQ(Tuner::timedCalls(size_t(1) << 20), 12);
+  EXPECT_EQ(Tuner::timedCalls((size_t(1) << 20) + 1), 12);
+  EXPECT_EQ(Tuner::timedCalls(size_t(2) << 20), 6);
+  EXPECT_EQ(Tuner::timedCalls(size_t(3) << 20), 4);
+  EXPECT_EQ(Tuner::timedCalls(size_t(4) << 20), 3);
+  EXPECT_EQ(Tuner::timedCalls(size_t(64) << 20), 3);
+}
+
 TEST(Tuner, DecideLeavesTheModelsChoiceOnlyForAClearGain) {
   EXPECT_EQ(Tuner::decide({1.0, 0.97, 1.2}), 0u);  // 3% faster: noise, the model's stays
   EXPECT_EQ(Tuner::decide({1.0, 0.90, 0.94}), 1u);
@@ -66,7 +76,9 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
     ++made;
     return cands;
   };
-  const int per = Tuner::kWarm + Tuner::kTimed;
+  const int timed = Tuner::timedCalls(std::get<1>(kKey));
+  ASSERT_EQ(timed, 12);  // 1 MiB calls: 12 MiB of timed calls
+  const int per = Tuner::kWarm + timed;
   ASSERT_EQ(Tuner::kPasses, 2);
   // Pass 1 times ring slow (a first call of the size); pass 2 in reverse order times it fast.
   const double pass1[] = {9.0, 1.0, 2.0}, pass2[] = {3.0, 1.5, 2.5};
@@ -89,8 +101,8 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
         continue;
       }
       ASSERT_EQ(got.size(), 3u);  // the last timed call hands back every figure:
-      for (int k = 0; k < 3; ++k) {  // the better pass's median (the middle of 3 timed calls)
-        EXPECT_DOUBLE_EQ(got[k], std::min(pass1[k], pass2[k]) + 0.1 * (Tuner::kTimed / 2));
+      for (int k = 0; k < 3; ++k) {  // the better pass's median (the upper middle of 12)
+        EXPECT_DOUBLE_EQ(got[k], std::min(pass1[k], pass2[k]) + 0.1 * (timed / 2));
       }
       t.settle(kKey, prof, got);
     }

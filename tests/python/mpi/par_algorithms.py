@@ -455,9 +455,6 @@ def test_async_issue_order_per_group(algo):
 
 # ---- auto's tuning in use (cpp/src/internal/tuner.hpp) ----------------------------------------
 
-TUNE_PER_CANDIDATE = 10  # Tuner::kPasses x (Tuner::kWarm + Tuner::kTimed) calls per candidate
-
-
 def _tied_profile(g, calls):
     """Gives the grid a profile under which, for each (axis, nbytes, in_place, dtype) of
     `calls`, every supported algorithm is predicted alike for that all_reduce (measured
@@ -495,7 +492,7 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank():
         model = g.explain("all_reduce", nbytes, axis, "int32", True)
         assert model["tuning"]["state"] == "not yet run", model["tuning"]
         states = []
-        for i in range(40):
+        for i in range(100):
             t = make(np.int32, values(ME, count, i))
             fourd.all_reduce(t, axis, algorithm="auto")
             check(t, oracle("sum", g.ranks(axis), count, i), "sum", np.int32, f"auto {axis} #{i}")
@@ -505,8 +502,10 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank():
                 break
         cands = tu["candidates"]
         assert cands[0] == model["choice"] and 2 <= len(cands) <= 3, tu
-        assert states == ["exploring"] * (len(cands) * TUNE_PER_CANDIDATE - 1) + ["settled"], (
-            states, cands)
+        # Two passes; a candidate gets 2 untimed calls and 12 timed ones (12 MiB of timed
+        # calls, 3 to 12 of them) in each.
+        assert tu["explore_calls"] == 2 * len(cands) * (2 + 12), tu
+        assert states == ["exploring"] * (tu["explore_calls"] - 1) + ["settled"], (states, cands)
         assert len(tu["measured_s"]) == len(cands) and all(s > 0 for s in tu["measured_s"]), tu
         assert tu["settled"] in cands
         # The group's common times (a MAX all-reduce): every member settles alike.
