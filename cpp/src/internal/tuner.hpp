@@ -9,17 +9,20 @@
 // 5.9 ms; ran 5.4-5.9 ms and 3.7-4.0 ms). Training issues the same collectives at the same
 // sizes every step, so the calls can settle it: for each (collective, bytes, dtype, placement)
 // the first calls run the shortlist (the model's choice and the algorithms predicted within
-// kWindow of it, kMaxCandidates at most) in two passes, the second in reverse order: in each,
-// a candidate gets kWarm untimed calls, then a barrier, then timed calls back to back (kTimed,
-// more for small calls, so that they carry kTimedBytes: medians of 3 calls of 1 MiB on 4 ranks
-// ranked shm, ring and rhd within 10% of each other the other way round from the benchmark)
-// (a barrier before every timed call timed rhd 1.3x faster than it ran in a row of calls, as
-// the benchmark and training run it). A candidate's figure is the better of its two passes'
-// medians: the first calls of a size, and the first after another algorithm, ran up to 1.7x
-// slow (4 ranks of the 2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16
-// and lost to ring at 2.5 ms; it then ran 2.2 ms against ring's 2.5). After the last call, one
-// all-reduce (MAX) of every candidate's figure over the group, and from then on every call
-// runs the fastest (the model's choice unless another was faster by more than 1 - kSwitch).
+// kWindow of it, kMaxCandidates at most) in two passes, the second in reverse order. In each
+// pass a candidate gets kWarm untimed calls, then a barrier, then timed calls back to back:
+// - back to back, as the benchmark and training run them: a barrier before every timed call
+//   timed rhd 1.3x faster than it ran in a row of calls;
+// - as many as carry kTimedBytes (kTimed to kMaxTimed): the medians of 3 calls of 1 MiB on 4
+//   ranks ranked shm, ring and rhd, within 10% of each other, the other way round from the
+//   benchmark;
+// - two passes, a candidate's figure being the better of its passes' medians: the first calls
+//   of a size, and the first after another algorithm, ran up to 1.7x slow (4 ranks of the
+//   2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16 and lost to ring at
+//   2.5 ms; it then ran 2.2 ms against ring's 2.5).
+// After the last call, one all-reduce (MAX) of every candidate's figure over the group, and
+// from then on every call runs the fastest (the model's choice unless another was faster by
+// more than 1 - kSwitch).
 //
 // Every rank must make the same choice for the same call, so nothing here depends on a rank's
 // own clock except the times that the all-reduce makes common: the schedule depends only on
