@@ -93,7 +93,7 @@ Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype, bool
   auto& memo = state_->choiceMemo;
   const auto key = std::make_tuple(static_cast<int>(c), nbytes, static_cast<int>(dtype), inPlace);
   std::shared_ptr<const MachineProfile> profile = *state_->profile;
-  if (state_->tuner.enabled() && nbytes >= detail::Tuner::kMinBytes) {
+  if (state_->tuner.tunes(nbytes, size())) {
     // Tuned in use (tuner.hpp): what the calls settled on runs from then on.
     const auto t = state_->tuner.report(key, profile);
     if (t.state == "settled") return t.settled;
@@ -137,8 +137,7 @@ std::vector<Prediction> Communicator::explain(Collective c, size_t nbytes, DataT
 Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType dtype,
                                           bool inPlace) const {
   Tuning out;
-  if (size() == 1 || c == Collective::kBroadcast || !state_->tuner.enabled() ||
-      nbytes < detail::Tuner::kMinBytes) {
+  if (c == Collective::kBroadcast || !state_->tuner.tunes(nbytes, size())) {
     out.state = "off";
     return out;
   }
@@ -166,9 +165,7 @@ Algorithm resolveAlgorithm(Communicator& comm, Collective c, size_t nbytes, Data
     }
   }
   if (requested == Algorithm::kAuto) {
-    if (comm.size() > 1 && comm.state().tuner.enabled() && nbytes >= detail::Tuner::kMinBytes) {
-      return Algorithm::kAuto;
-    }
+    if (comm.state().tuner.tunes(nbytes, comm.size())) return Algorithm::kAuto;
     return comm.choose(c, nbytes, dtype, inPlace);
   }
   if (comm.size() == 1) return Algorithm::kFlat;
@@ -184,16 +181,6 @@ Algorithm resolveAlgorithm(Communicator& comm, Collective c, size_t nbytes, Data
                           "' (" + comm.topology().describe() + "): " + why);
   }
   return requested;
-}
-
-// Fills in what runTuned needs when `auto` is left to the call's tuning.
-void markTuned(Communicator& comm, Algorithm& algorithm, size_t nbytes, bool inPlace,
-               size_t& tuneBytes, bool& tuneInPlace,
-               std::shared_ptr<const MachineProfile>& profile) {
-  if (algorithm != Algorithm::kAuto) return;
-  tuneBytes = nbytes;
-  tuneInPlace = inPlace;
-  profile = *comm.state().profile;
 }
 
 [[noreturn]] void abortJob(const std::string& msg) {
@@ -222,6 +209,14 @@ struct OpSpec {
   bool tuneInPlace = false;
   std::shared_ptr<const MachineProfile> profile;
 };
+
+// Fills in what runTuned needs when `auto` is left to the call's tuning.
+void markTuned(Communicator& comm, OpSpec& spec, size_t nbytes, bool inPlace) {
+  if (spec.algorithm != Algorithm::kAuto) return;
+  spec.tuneBytes = nbytes;
+  spec.tuneInPlace = inPlace;
+  spec.profile = *comm.state().profile;
+}
 
 #ifdef FOURD_HAVE_CUDA
 bool onCuda(const Buffer& in, const Buffer& out) {
@@ -520,8 +515,7 @@ std::shared_ptr<Work> Communicator::allReduce(const Buffer& in, const Buffer& ou
                                    : resolveAlgorithm(*this, Collective::kAllReduce, in.bytes(),
                                                       in.dtype, opts.algorithm,
                                                       in.data == out.data);
-    markTuned(*this, spec.algorithm, in.bytes(), in.data == out.data, spec.tuneBytes,
-              spec.tuneInPlace, spec.profile);
+    markTuned(*this, spec, in.bytes(), in.data == out.data);
   }
   if (!cuda && (in.count == 0 || size() == 1)) {
     if (in.data != out.data && in.bytes()) std::memcpy(out.data, in.data, in.bytes());
@@ -557,8 +551,7 @@ std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& ou
                                    : resolveAlgorithm(*this, Collective::kAllGather, out.bytes(),
                                                       in.dtype, opts.algorithm,
                                                       in.data == myBlock.data);
-    markTuned(*this, spec.algorithm, out.bytes(), in.data == myBlock.data, spec.tuneBytes,
-              spec.tuneInPlace, spec.profile);
+    markTuned(*this, spec, out.bytes(), in.data == myBlock.data);
   }
   if (!cuda && (in.count == 0 || size() == 1) && !state_->debug) {
     if (in.data != out.data && in.bytes()) std::memmove(out.data, in.data, in.bytes());
@@ -597,8 +590,7 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
     spec.algorithm = out.count == 0 ? Algorithm::kFlat
                                     : resolveAlgorithm(*this, Collective::kReduceScatter, in.bytes(),
                                                        in.dtype, opts.algorithm, inPlace);
-    markTuned(*this, spec.algorithm, in.bytes(), inPlace, spec.tuneBytes, spec.tuneInPlace,
-              spec.profile);
+    markTuned(*this, spec, in.bytes(), inPlace);
   }
   if (!cuda && (out.count == 0 || size() == 1) && !state_->debug) {
     if (out.bytes() && out.data != in.data) std::memmove(out.data, in.data, out.bytes());

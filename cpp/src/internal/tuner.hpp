@@ -71,8 +71,13 @@ class Tuner {
     int candidate = -1;
   };
 
-  /// Whether calls of `nbytes` are tuned (FOURD_TUNE unset or on, and large enough).
+  /// Whether tuning is on (FOURD_TUNE unset or on).
   bool enabled() const noexcept { return enabled_; }
+  /// Whether a call of `nbytes` on a group of `groupSize` is tuned: tuning on, a large enough
+  /// call, more than one rank (broadcast never is: it always runs the library's own).
+  bool tunes(size_t nbytes, int groupSize) const noexcept {
+    return enabled_ && nbytes >= kMinBytes && groupSize > 1;
+  }
   void setEnabled(bool on) noexcept { enabled_ = on; }
 
   /// The algorithm for the next call of `key` priced by `profile`. `candidates` computes the
