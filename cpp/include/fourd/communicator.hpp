@@ -65,7 +65,7 @@ class Communicator {
   /// What `auto`'s tuning in use knows of this call (docs/algorithms.md, "Tuning in use"):
   /// state "off" (FOURD_TUNE=0, a call below 256 KiB, a one-rank group or broadcast: the
   /// model alone decides), "" (no such call has run with the current profile), "single" (no
-  /// rival predicted within 1.5x: the model's choice runs), "exploring" or "settled"; the
+  /// rival predicted within 2x: the model's choice runs), "exploring" or "settled"; the
   /// candidates tried, the model's choice first; once settled, the slowest rank's median time
   /// of each and the algorithm every later call runs.
   struct Tuning {

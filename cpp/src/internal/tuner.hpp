@@ -20,6 +20,11 @@
 //   of a size, and the first after another algorithm, ran up to 1.7x slow (4 ranks of the
 //   2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16 and lost to ring at
 //   2.5 ms; it then ran 2.2 ms against ring's 2.5).
+// The shortlist is wide: kWindow is the calibration's own pruning threshold (what calibration
+// stops timing as out of the race, tuning does not try either), and kMaxCandidates lets every
+// algorithm of a one-node group in (flat, ring, rhd, shm). At 1.5x and three, a recorded 4-rank
+// 4 MiB in-place all_reduce left shm out (a calibration priced it just over 1.5x flat's time)
+// and ran ring, at 1.12x shm's time.
 // After the last call, one all-reduce (MAX) of every candidate's figure over the group, and
 // from then on every call runs the fastest (the model's choice unless another was faster by
 // more than 1 - kSwitch).
@@ -48,8 +53,8 @@ class Tuner {
   static constexpr int kMaxTimed = 12;        ///< ... and at most
   static constexpr size_t kTimedBytes = size_t(12) << 20;  ///< what the timed calls carry
   static constexpr int kPasses = 2;           ///< the second in reverse order
-  static constexpr int kMaxCandidates = 3;    ///< the model's choice and up to 2 rivals
-  static constexpr double kWindow = 1.5;      ///< rivals: predicted within this of the choice
+  static constexpr int kMaxCandidates = 4;    ///< the model's choice and up to 3 rivals
+  static constexpr double kWindow = 2.0;      ///< rivals: predicted within this of the choice
   static constexpr double kSwitch = 0.95;     ///< leave the model's choice only below this
   static constexpr size_t kMinBytes = 256 << 10;  ///< smaller calls: the model alone decides
 

@@ -38,7 +38,8 @@ MIN_TARGET_S = 0.01
 FIRST_CELL_WARMUP = 20  # extra untimed calls before the first timed cell of a run
 LONG_CALL_S = 100e-6  # calls at least this long (the slowest rank's) ...
 LONG_CALL_WARMUP = 12  # ... get at least this many warm-up calls
-TUNING_MAX_CALLS = 128  # auto: untimed calls until its tuning has settled, at most this many
+TUNING_MAX_CALLS = 128  # auto: untimed calls until its tuning has settled, at most this many (the
+#                         longest exploration: 4 candidates x 2 passes x 14 calls = 112)
 MIN_ITERS = 3
 MAX_ITERS = 1000  # 20 before: a 20 us cell then timed 0.4 ms of calls, and one 250 us
 # scheduling stall of a rank (4 ranks on 2 cores) moved its mean 1.5x

@@ -27,16 +27,16 @@ const Tuner::Key kKey{0, size_t(1) << 20, 0, false};
 
 TEST(Tuner, ShortlistIsTheChoiceThenRivalsWithinTheWindowByPrediction) {
   const std::vector<Prediction> preds = {
-      pred(Algorithm::kFlat, 3.0), pred(Algorithm::kRing, 1.4), pred(Algorithm::kRhd, 1.2),
+      pred(Algorithm::kFlat, 2.1), pred(Algorithm::kRing, 1.9), pred(Algorithm::kRhd, 1.2),
       pred(Algorithm::kHierarchical, 1.0, false), pred(Algorithm::kShm, 1.0)};
   const auto s = Tuner::shortlist(preds, Algorithm::kShm);
   ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(s[0], Algorithm::kShm);
   EXPECT_EQ(s[1], Algorithm::kRhd);   // 1.2x
-  EXPECT_EQ(s[2], Algorithm::kRing);  // 1.4x; flat (3x) and unsupported hierarchical are out
+  EXPECT_EQ(s[2], Algorithm::kRing);  // 1.9x; flat (2.1x) and unsupported hierarchical are out
 }
 
-TEST(Tuner, ShortlistKeepsAtMostThreeAndIsAloneWithoutRivals) {
+TEST(Tuner, ShortlistKeepsAtMostFourAndIsAloneWithoutRivals) {
   const std::vector<Prediction> close = {
       pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 1.0), pred(Algorithm::kRhd, 1.0),
       pred(Algorithm::kHierarchical, 1.0), pred(Algorithm::kShm, 1.0)};
@@ -45,7 +45,8 @@ TEST(Tuner, ShortlistKeepsAtMostThreeAndIsAloneWithoutRivals) {
   EXPECT_EQ(s[0], Algorithm::kRhd);
   EXPECT_EQ(s[1], Algorithm::kFlat);  // ties keep enum order: the same on every rank
   EXPECT_EQ(s[2], Algorithm::kRing);
-  const std::vector<Prediction> far = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 1.6)};
+  EXPECT_EQ(s[3], Algorithm::kHierarchical);  // shm, the fifth, is left out
+  const std::vector<Prediction> far = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 2.1)};
   EXPECT_EQ(Tuner::shortlist(far, Algorithm::kFlat), std::vector<Algorithm>{Algorithm::kFlat});
 }
 

@@ -492,7 +492,7 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank():
         model = g.explain("all_reduce", nbytes, axis, "int32", True)
         assert model["tuning"]["state"] == "not yet run", model["tuning"]
         states = []
-        for i in range(100):
+        for i in range(120):
             t = make(np.int32, values(ME, count, i))
             fourd.all_reduce(t, axis, algorithm="auto")
             check(t, oracle("sum", g.ranks(axis), count, i), "sum", np.int32, f"auto {axis} #{i}")
@@ -501,7 +501,7 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank():
             if tu["state"] != "exploring":
                 break
         cands = tu["candidates"]
-        assert cands[0] == model["choice"] and 2 <= len(cands) <= 3, tu
+        assert cands[0] == model["choice"] and 2 <= len(cands) <= 4, tu
         # Two passes; a candidate gets 2 untimed calls and 12 timed ones (12 MiB of timed
         # calls, 3 to 12 of them) in each.
         assert tu["explore_calls"] == 2 * len(cands) * (2 + 12), tu
