@@ -248,9 +248,14 @@ def test_auto_check_counts_cells_and_the_run_noise():
         _row(library="mpi", algorithm="mpi", time_us=1.0, size_bytes=4096),  # not a fourd cell
         # 16 KiB: no auto cell, not counted.
         cell("ring", 5.0, 5.0, 16384),
+        # 64 KiB: the groups settled on ring and shm: counted by time (1.2x, a miss), but no
+        # single cell ran what auto ran, so not in the noise or the choice figures.
+        dict(cell("auto", 12.0, 12.0, 65536, "ring"), auto_choices=["ring", "shm"]),
+        cell("ring", 10.0, 10.0, 65536), cell("shm", 11.0, 11.0, 65536),
     ]
     ac = report.auto_check(rows)
-    assert (ac["cells"], ac["within_by_time"], ac["within_by_median"]) == (2, 1, 2)
+    assert (ac["cells"], ac["within_by_time"], ac["within_by_median"]) == (3, 1, 2)
+    assert ac["groups_split_cells"] == 1
     assert ac["worst"]["size_bytes"] == 4096 and ac["worst"]["ratio"] == pytest.approx(1.5)
     assert ac["worst"]["auto_choice"] == "rhd" and ac["worst"]["best_algorithm"] == "rhd"
     # auto vs the algorithm it ran: |10.5/12 - 1| = 0.125 and |30/20 - 1| = 0.5.
@@ -293,6 +298,9 @@ def test_bench_runs_under_mpi(tmp_path):
     assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
     auto = [r for r in rows if r["algorithm"] == "auto"]
     assert auto and all(r["auto_choice"] for r in auto)
+    # One choice per group of the axis (x: 2 groups), rank 0's group first.
+    assert all(len(r["auto_choices"]) == r["groups"] and r["auto_choices"][0] == r["auto_choice"]
+               for r in auto), [(r["axis"], r["groups"], r["auto_choices"]) for r in auto]
     ar = [r for r in rows if r["library"] == "fourd" and r["collective"] == "all_reduce"]
     assert any(r["ratio_vs_mpi"] for r in ar)
     for r in rows:

@@ -13,7 +13,8 @@ import math
 import sys
 
 SCHEMA = "fourd.bench"
-SCHEMA_VERSION = 3  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning
+SCHEMA_VERSION = 4  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning;
+#                     4: auto_choices
 
 # Every row carries these keys (None where a value does not apply), in this order in the CSV.
 ROW_FIELDS = (
@@ -28,7 +29,7 @@ ROW_FIELDS = (
     ("wrong", (int, type(None))), ("bound_us", (float, type(None))),
     ("bound_sum_us", (float, type(None))), ("efficiency", (float, type(None))),
     ("predicted_us", (float, type(None))), ("auto_choice", (str, type(None))),
-    ("auto_tuning", (dict, type(None))),
+    ("auto_tuning", (dict, type(None))), ("auto_choices", (list, type(None))),
     ("ratio_vs_mpi", (float, type(None))), ("ratio_vs_torch", (float, type(None))),
     ("times_us", list), ("round_times_us", list),
 )
@@ -261,8 +262,8 @@ class Printer:
             first = next(v for v in cells.values() if isinstance(v, dict))
             alg = impl.label
             if impl.library == "fourd" and impl.algorithm == "auto" and first.get("auto_choice"):
-                ch = first["auto_choice"]
-                alg = f"auto({ALGO_SHORT.get(ch, ch)})"
+                chs = list(dict.fromkeys(first.get("auto_choices") or [first["auto_choice"]]))
+                alg = f"auto({'|'.join(ALGO_SHORT.get(c, str(c)) for c in chs)})"
             left = LEFT.format(nbytes, count, dtype, op, alg,
                                _t(bnd["t_min_s"] * 1e6) if bnd else "n/a")
             blocks = ""
@@ -310,14 +311,15 @@ def auto_check(rows: list) -> dict | None:
     per-iteration median, the worst cell, and the run's own noise: the difference between the
     auto cell and the cell of the algorithm auto ran (the same code measured twice). The
     choice alone: in how many cells the algorithm auto ran was, in its own cell, within
-    AUTO_MARGIN of the fastest (a miss by time whose choice is within is the run's noise)."""
+    AUTO_MARGIN of the fastest (a miss by time whose choice is within is the run's noise).
+    Cells whose groups settled on different algorithms have no such twin: counted apart."""
     cells = {}
     for r in rows:
         if r["library"] != "fourd":
             continue
         k = (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"], r["in_place"])
         cells.setdefault(k, {})[r["algorithm"]] = r
-    n = by_time = by_median = 0
+    n = by_time = by_median = split = 0
     worst, same, chosen = None, [], 0
     for k, algs in cells.items():
         auto = algs.get("auto")
@@ -334,6 +336,9 @@ def auto_check(rows: list) -> dict | None:
             worst = {"collective": k[0], "axis": k[1], "dtype": k[2], "op": k[3],
                      "size_bytes": k[4], "in_place": k[5], "ratio": ratio,
                      "auto_choice": auto["auto_choice"], "best_algorithm": best["algorithm"]}
+        if len(set(auto.get("auto_choices") or [])) > 1:
+            split += 1  # its groups ran different algorithms: no single cell is its twin
+            continue
         twin = singles.get(auto["auto_choice"] or "")
         if twin is not None:
             same.append(abs(auto["time_us"] / twin["time_us"] - 1.0))
@@ -344,7 +349,7 @@ def auto_check(rows: list) -> dict | None:
     return {
         "margin": AUTO_MARGIN, "cells": n, "within_by_time": by_time,
         "within_by_median": by_median, "worst": worst,
-        "same_algorithm_cells": len(same), "choice_within": chosen,
+        "same_algorithm_cells": len(same), "choice_within": chosen, "groups_split_cells": split,
         "same_algorithm_diff_median": same[(len(same) - 1) // 2] if same else None,
         "same_algorithm_diff_max": same[-1] if same else None,
     }
@@ -448,6 +453,10 @@ def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: in
             pr.line(f"# auto's choice: the algorithm it ran, in its own cell, within "
                     f"{round((ac['margin'] - 1) * 100)}% of the fastest in {ac['choice_within']}/"
                     f"{ac['same_algorithm_cells']} cells", always=True)
+        if ac.get("groups_split_cells"):
+            pr.line(f"# auto's groups split: in {ac['groups_split_cells']} cells the groups of the "
+                    f"axis settled on different algorithms (auto(a|b) above; docs/algorithms.md)",
+                    always=True)
     wrong = summary["wrong_total"]
     pr.line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", always=True)
     avg = summary["avg_busbw_gbps"]

@@ -435,13 +435,19 @@ class Runner:
                         self.progress.step(f"{coll} {axis.name} {size} B {impl.label}")
         # What auto ran: asked again now, since tuning in use may have settled on another
         # algorithm than the model's choice during the row (docs/algorithms.md).
+        # Each group settles on its own, so the groups of an axis may run different algorithms
+        # (docs/algorithms.md): every group's choice, by the group's lowest world rank.
         if any(i.library == "fourd" and i.algorithm == "auto" for i in todo):
+            lowest = min(self.grid.ranks(axis.name))
             for in_place in (False, True):
                 try:
                     ctx["explained"][in_place] = self.grid.explain(
                         coll, ctx["nbytes"], axis.name, dtype=dtype, in_place=in_place)
                 except Exception:  # noqa: BLE001 - as when the row began
                     pass
+                mine = (lowest, ctx["explained"][in_place].get("choice"))
+                ctx["explained"][in_place]["group_choices"] = \
+                    [c for _, c in sorted(set(self.world.allgather(mine)), key=lambda t: (t[0], str(t[1])))]
         for impl in todo:
             cells = {}
             for in_place, got in measured[id(impl)].items():
@@ -544,6 +550,7 @@ class Runner:
             "efficiency": (bnd["t_min_s"] * 1e6 / stats["time_us"]) if bnd and stats["time_us"] > 0 else None,
             "auto_choice": None,
             "auto_tuning": None,
+            "auto_choices": None,
             "predicted_us": None,
             "ratio_vs_mpi": None,
             "ratio_vs_torch": None,
@@ -552,6 +559,7 @@ class Runner:
             if impl.algorithm == "auto":
                 row["auto_choice"] = explained.get("choice")
                 row["auto_tuning"] = explained.get("tuning")
+                row["auto_choices"] = explained.get("group_choices")
                 cand = cands.get(explained.get("choice") or "")
             else:
                 cand = cands.get(impl.algorithm)
