@@ -31,6 +31,12 @@ int Tuner::timedCalls(size_t nbytes) {
   return static_cast<int>(std::min<size_t>(kMaxTimed, std::max<size_t>(kTimed, n)));
 }
 
+int Tuner::warmCalls(size_t nbytes) {
+  if (nbytes < kWarmFrom) return kWarm;
+  const size_t n = (kWarmBytes + nbytes - 1) / nbytes;
+  return static_cast<int>(std::min<size_t>(kMaxWarm, std::max<size_t>(kWarm, n)));
+}
+
 size_t Tuner::decide(const std::vector<double>& seconds) {
   if (seconds.empty()) return 0;
   size_t best = 0;
@@ -54,6 +60,7 @@ Tuner::Entry& Tuner::entryLocked(const Key& key,
   if (it == entries_.end()) {
     it = entries_.emplace(key, Entry{}).first;
     it->second.timed = timedCalls(std::get<1>(key));
+    it->second.warm = warmCalls(std::get<1>(key));
   }
   return it->second;
 }
@@ -71,7 +78,7 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
     return s;
   }
   if (e.samples.empty()) e.samples.assign(m, {});
-  const int per = kWarm + e.timed;
+  const int per = e.warm + e.timed;
   const int total = kPasses * m * per;
   const int i = e.calls < total ? e.calls : total - 1;
   ++e.calls;
@@ -80,8 +87,8 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
   const int pos = i % per;
   s.candidate = pass % 2 == 0 ? block : m - 1 - block;
   s.algorithm = e.cands[s.candidate];
-  s.timed = pos >= kWarm;
-  s.barrier = pos == kWarm;
+  s.timed = pos >= e.warm;
+  s.barrier = pos == e.warm;
   s.last = i == total - 1;
   return s;
 }
@@ -134,7 +141,7 @@ Tuner::Report Tuner::report(const Key& key,
   r.seconds = e.seconds;
   r.settled = e.settled;
   r.exploreCalls = e.cands.size() <= 1 ? 0
-                   : kPasses * static_cast<int>(e.cands.size()) * (kWarm + e.timed);
+                   : kPasses * static_cast<int>(e.cands.size()) * (e.warm + e.timed);
   r.state = e.cands.size() <= 1 ? "single" : e.settled != Algorithm::kAuto ? "settled" : "exploring";
   return r;
 }

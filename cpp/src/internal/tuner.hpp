@@ -10,7 +10,12 @@
 // sizes every step, so the calls can settle it: for each (collective, bytes, dtype, placement)
 // the first calls run the shortlist (the model's choice and the algorithms predicted within
 // kWindow of it, kMaxCandidates at most) in two passes, the second in reverse order. In each
-// pass a candidate gets kWarm untimed calls, then a barrier, then timed calls back to back:
+// pass a candidate gets untimed calls, then a barrier, then timed calls back to back:
+// - untimed calls: kWarm, and from kWarmFrom as many as carry kWarmBytes (up to kMaxWarm):
+//   after another algorithm, ring and rhd took 5-7 calls of 16 MiB to reach their steady
+//   time (2 ranks of the VM: the first 1.25-1.65x, the third 1.15x), shm one; with two, the
+//   timed calls read rhd 1.17-1.45x its steady time at 16 MiB in a recorded run, and `auto`
+//   ran ring at 1.16x rhd's;
 // - back to back, as the benchmark and training run them: a barrier before every timed call
 //   timed rhd 1.3x faster than it ran in a row of calls;
 // - as many as carry kTimedBytes (kTimed to kMaxTimed): the medians of 3 calls of 1 MiB on 4
@@ -48,7 +53,10 @@ namespace fourd::detail {
 
 class Tuner {
  public:
-  static constexpr int kWarm = 2;             ///< untimed calls of a candidate in each pass
+  static constexpr int kWarm = 2;             ///< untimed calls of a candidate in each pass, at least
+  static constexpr int kMaxWarm = 6;          ///< ... and at most
+  static constexpr size_t kWarmBytes = size_t(96) << 20;  ///< what they carry from kWarmFrom
+  static constexpr size_t kWarmFrom = size_t(4) << 20;    ///< below: kWarm
   static constexpr int kTimed = 3;            ///< then timed calls (their median counts), at least
   static constexpr int kMaxTimed = 12;        ///< ... and at most
   static constexpr size_t kTimedBytes = size_t(12) << 20;  ///< what the timed calls carry
@@ -64,6 +72,8 @@ class Tuner {
   static std::vector<Algorithm> shortlist(const std::vector<Prediction>& preds, Algorithm model);
   /// Timed calls per candidate and pass for calls of `nbytes` (the same on every rank).
   static int timedCalls(size_t nbytes);
+  /// Untimed calls before them (the same on every rank).
+  static int warmCalls(size_t nbytes);
   /// Index of the candidate to keep, given every candidate's time (index 0: the model's).
   static size_t decide(const std::vector<double>& seconds);
 
@@ -121,6 +131,7 @@ class Tuner {
     std::vector<std::vector<double>> samples;
     int calls = 0;
     int timed = kTimed;  ///< timedCalls() of the key's size
+    int warm = kWarm;    ///< warmCalls() of the key's size
     Algorithm settled = Algorithm::kAuto;
     std::vector<double> seconds;
   };

@@ -60,6 +60,35 @@ TEST(Tuner, TimedCallsCarryTwelveMiBBetweenThreeAndTwelveCalls) {
   EXPECT_EQ(Tuner::timedCalls(size_t(64) << 20), 3);
 }
 
+TEST(Tuner, WarmCallsCarryNinetySixMiBFromFourMiBBetweenTwoAndSix) {
+  EXPECT_EQ(Tuner::warmCalls(size_t(256) << 10), 2);
+  EXPECT_EQ(Tuner::warmCalls((size_t(4) << 20) - 1), 2);  // below 4 MiB: two
+  EXPECT_EQ(Tuner::warmCalls(size_t(4) << 20), 6);
+  EXPECT_EQ(Tuner::warmCalls(size_t(16) << 20), 6);
+  EXPECT_EQ(Tuner::warmCalls(size_t(20) << 20), 5);
+  EXPECT_EQ(Tuner::warmCalls(size_t(32) << 20), 3);
+  EXPECT_EQ(Tuner::warmCalls(size_t(64) << 20), 2);
+  EXPECT_EQ(Tuner::warmCalls(size_t(1) << 30), 2);
+}
+
+TEST(Tuner, LargeCallsWarmLongerBeforeTheBarrierAndTheTimedCalls) {
+  Tuner t;
+  auto prof = std::make_shared<const MachineProfile>();
+  const Tuner::Key big{0, size_t(16) << 20, 0, false};
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
+  const int warm = Tuner::warmCalls(std::get<1>(big)), timed = Tuner::timedCalls(std::get<1>(big));
+  ASSERT_EQ(warm, 6);
+  ASSERT_EQ(timed, 3);
+  for (int i = 0; i < warm + timed; ++i) {
+    const auto step = t.next(big, prof, make);
+    EXPECT_EQ(step.algorithm, Algorithm::kRing);
+    EXPECT_EQ(step.timed, i >= warm) << i;
+    EXPECT_EQ(step.barrier, i == warm) << i;
+  }
+  EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kRhd);
+  EXPECT_EQ(t.report(big, prof).exploreCalls, 2 * 2 * (6 + 3));
+}
+
 TEST(Tuner, DecideLeavesTheModelsChoiceOnlyForAClearGain) {
   EXPECT_EQ(Tuner::decide({1.0, 0.97, 1.2}), 0u);  // 3% faster: noise, the model's stays
   EXPECT_EQ(Tuner::decide({1.0, 0.90, 0.94}), 1u);
@@ -79,7 +108,9 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
   };
   const int timed = Tuner::timedCalls(std::get<1>(kKey));
   ASSERT_EQ(timed, 12);  // 1 MiB calls: 12 MiB of timed calls
-  const int per = Tuner::kWarm + timed;
+  const int warm = Tuner::warmCalls(std::get<1>(kKey));
+  ASSERT_EQ(warm, Tuner::kWarm);  // below 4 MiB: two
+  const int per = warm + timed;
   ASSERT_EQ(Tuner::kPasses, 2);
   // Pass 1 times ring slow (a first call of the size); pass 2 in reverse order times it fast.
   const double pass1[] = {9.0, 1.0, 2.0}, pass2[] = {3.0, 1.5, 2.5};
@@ -91,12 +122,12 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
       const auto step = t.next(kKey, prof, make);
       EXPECT_EQ(step.algorithm, cands[c]) << "block " << b << " call " << i;
       EXPECT_EQ(step.candidate, c);
-      EXPECT_EQ(step.timed, i >= Tuner::kWarm);
-      EXPECT_EQ(step.barrier, i == Tuner::kWarm);
+      EXPECT_EQ(step.timed, i >= warm);
+      EXPECT_EQ(step.barrier, i == warm);
       EXPECT_EQ(step.last, b == 5 && i == per - 1);
       if (!step.timed) continue;
       const double base = b < 3 ? pass1[c] : pass2[c];
-      const auto got = t.record(kKey, prof, step, base + 0.1 * (i - Tuner::kWarm));
+      const auto got = t.record(kKey, prof, step, base + 0.1 * (i - warm));
       if (!step.last) {
         EXPECT_TRUE(got.empty());
         continue;
