@@ -96,7 +96,7 @@ Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype, bool
   if (state_->tuner.tunes(nbytes, size())) {
     // Tuned in use (tuner.hpp): what the calls settled on runs from then on.
     const auto t = state_->tuner.report(key, profile);
-    if (t.state == "settled") return t.settled;
+    if (t.state == "settled" || t.state == "provisional") return t.settled;
   }
   {
     std::lock_guard<std::mutex> lock(memo.mu);
@@ -149,6 +149,7 @@ Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType 
   out.seconds = r.seconds;
   out.settled = r.settled;
   out.exploreCalls = r.exploreCalls;
+  out.recheckGap = r.recheckGap;
   return out;
 }
 

@@ -67,19 +67,28 @@ Tuner::Entry& Tuner::entryLocked(const Key& key,
 
 Tuner::Step Tuner::stepLocked(Entry& e) {
   Step s;
+  const int m = static_cast<int>(e.cands.size());
+  const int per = e.warm + e.timed;
+  const int total = kPasses * m * per;
+  if (e.provisional && e.sinceSettle >= kRecheckGap * total) {
+    // The re-check of a switch: the shortlist explored again, from its first call.
+    e.provisional = false;
+    e.settled = Algorithm::kAuto;
+    e.round = 1;
+    e.calls = 0;
+    e.samples.clear();
+  }
   if (e.settled != Algorithm::kAuto) {
+    if (e.provisional) ++e.sinceSettle;
     s.algorithm = e.settled;
     return s;
   }
-  const int m = static_cast<int>(e.cands.size());
   if (m <= 1) {  // nothing to compare
     e.settled = e.cands.empty() ? Algorithm::kFlat : e.cands[0];
     s.algorithm = e.settled;
     return s;
   }
   if (e.samples.empty()) e.samples.assign(m, {});
-  const int per = e.warm + e.timed;
-  const int total = kPasses * m * per;
   const int i = e.calls < total ? e.calls : total - 1;
   ++e.calls;
   const int pass = i / (m * per);
@@ -124,9 +133,20 @@ void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& 
   if (profile_ != profile) return;
   auto it = entries_.find(key);
   if (it == entries_.end() || seconds.size() != it->second.cands.size()) return;
-  it->second.seconds = seconds;
-  it->second.settled = it->second.cands[decide(seconds)];
-  it->second.samples.clear();
+  Entry& e = it->second;
+  if (e.settled != Algorithm::kAuto) return;  // already settled (a repeated call)
+  std::vector<double> figures = seconds;
+  if (e.round == 1) {  // the re-check: each candidate's lower figure of the two explorations
+    for (size_t i = 0; i < figures.size() && i < e.seconds.size(); ++i) {
+      figures[i] = std::min(figures[i], e.seconds[i]);
+    }
+  }
+  const size_t pick = decide(figures);
+  e.seconds = figures;
+  e.settled = e.cands[pick];
+  e.provisional = e.round == 0 && pick != 0;
+  e.sinceSettle = 0;
+  e.samples.clear();
 }
 
 Tuner::Report Tuner::report(const Key& key,
@@ -142,7 +162,14 @@ Tuner::Report Tuner::report(const Key& key,
   r.settled = e.settled;
   r.exploreCalls = e.cands.size() <= 1 ? 0
                    : kPasses * static_cast<int>(e.cands.size()) * (e.warm + e.timed);
-  r.state = e.cands.size() <= 1 ? "single" : e.settled != Algorithm::kAuto ? "settled" : "exploring";
+  r.recheckGap = kRecheckGap * r.exploreCalls;
+  if (e.cands.size() <= 1) {
+    r.state = "single";
+  } else if (e.settled == Algorithm::kAuto) {
+    r.state = e.round == 0 ? "exploring" : "rechecking";
+  } else {
+    r.state = e.provisional ? "provisional" : "settled";
+  }
   return r;
 }
 

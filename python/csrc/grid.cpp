@@ -316,6 +316,7 @@ void register_grid(py::module_& m) {
              d["candidates"] = cands;
              d["measured_s"] = secs;
              d["explore_calls"] = t.exploreCalls;
+             d["recheck_gap"] = t.recheckGap;
              d["settled"] = t.settled == fourd::Algorithm::kAuto
                                 ? py::object(py::none())
                                 : py::object(py::str(fourd::algorithmName(t.settled)));

@@ -65,15 +65,18 @@ class Communicator {
   /// What `auto`'s tuning in use knows of this call (docs/algorithms.md, "Tuning in use"):
   /// state "off" (FOURD_TUNE=0, a call below 256 KiB, a one-rank group or broadcast: the
   /// model alone decides), "" (no such call has run with the current profile), "single" (no
-  /// rival predicted within 2x: the model's choice runs), "exploring" or "settled"; the
-  /// candidates tried, the model's choice first; once settled, the slowest rank's median time
-  /// of each and the algorithm every later call runs.
+  /// rival predicted within 2x: the model's choice runs), "exploring", "provisional" (the
+  /// exploration chose another algorithm than the model: it runs until a second exploration
+  /// confirms it), "rechecking" (that second exploration) or "settled"; the candidates tried,
+  /// the model's choice first; from "provisional", the slowest rank's median time of each (the
+  /// lower of two explorations once re-checked) and the algorithm the calls run.
   struct Tuning {
     std::string state;
     std::vector<Algorithm> candidates;
     std::vector<double> seconds;
     Algorithm settled = Algorithm::kAuto;
-    int exploreCalls = 0;  ///< how many calls the exploration takes (0 when nothing to try)
+    int exploreCalls = 0;  ///< how many calls one exploration takes (0 when nothing to try)
+    int recheckGap = 0;    ///< how many calls a switch runs before it is re-checked
   };
   Tuning tuning(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
 

@@ -33,6 +33,12 @@
 // After the last call, one all-reduce (MAX) of every candidate's figure over the group, and
 // from then on every call runs the fastest (the model's choice unless another was faster by
 // more than 1 - kSwitch).
+// A switch away from the model's choice is confirmed: the new choice runs provisionally for
+// kRecheckGap times the exploration's calls, then the shortlist is explored again, and each
+// candidate's figure is the lower of its two (a passing slowdown only adds time, so the lower
+// is the nearer to the candidate's own speed). On the emulated 2 x 2 cluster, the first row
+// of a run explored flat at 2.4x its steady time (1 MiB in place, right after start-up) and
+// `auto` switched to ring, which ran 1.5x hierarchical's time for the rest of the run.
 //
 // Every rank must make the same choice for the same call, so nothing here depends on a rank's
 // own clock except the times that the all-reduce makes common: the schedule depends only on
@@ -65,6 +71,8 @@ class Tuner {
   static constexpr double kWindow = 2.0;      ///< rivals: predicted within this of the choice
   static constexpr double kSwitch = 0.95;     ///< leave the model's choice only below this
   static constexpr size_t kMinBytes = 256 << 10;  ///< smaller calls: the model alone decides
+  static constexpr int kRecheckGap = 4;       ///< a switch runs this many explorations' calls,
+                                              ///< then the shortlist is explored again
 
   using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
 
@@ -113,15 +121,17 @@ class Tuner {
   void settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
               const std::vector<double>& seconds);
 
-  /// What is known of `key`: "exploring" or "settled" (with the shortlist and, once settled,
-  /// the common times), "single" (no rival within kWindow: the model's choice runs), or
-  /// nothing yet (`state` empty: no call of it has run with the current profile).
+  /// What is known of `key`: "exploring", "provisional" (a switch, running until the second
+  /// exploration), "rechecking" (that exploration) or "settled" (with the shortlist and, from
+  /// "provisional", the common times), "single" (no rival within kWindow: the model's choice
+  /// runs), or nothing yet (`state` empty: no call of it has run with the current profile).
   struct Report {
     std::string state;
     std::vector<Algorithm> candidates;
     std::vector<double> seconds;
     Algorithm settled = Algorithm::kAuto;
-    int exploreCalls = 0;  ///< how many calls the exploration takes in all
+    int exploreCalls = 0;  ///< how many calls one exploration takes in all
+    int recheckGap = 0;    ///< calls a switch runs before the second exploration
   };
   Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile) const;
 
@@ -132,6 +142,9 @@ class Tuner {
     int calls = 0;
     int timed = kTimed;  ///< timedCalls() of the key's size
     int warm = kWarm;    ///< warmCalls() of the key's size
+    int round = 0;       ///< 0: the first exploration, 1: the re-check of a switch
+    bool provisional = false;  ///< settled is a switch not yet re-checked
+    int sinceSettle = 0;       ///< calls run provisionally
     Algorithm settled = Algorithm::kAuto;
     std::vector<double> seconds;
   };

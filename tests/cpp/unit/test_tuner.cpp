@@ -141,7 +141,7 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
   }
   EXPECT_EQ(made, 1);
   const auto r = t.report(kKey, prof);
-  EXPECT_EQ(r.state, "settled");
+  EXPECT_EQ(r.state, "provisional");  // rhd over ring, the model's choice: re-checked later
   EXPECT_EQ(r.settled, Algorithm::kRhd);  // 1.1 against ring's 3.1 and shm's 2.1
   EXPECT_EQ(r.candidates, cands);
   ASSERT_EQ(r.seconds.size(), 3u);
@@ -159,6 +159,67 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
   EXPECT_EQ(t.next(kKey, prof2, make).algorithm, Algorithm::kRing);
   EXPECT_EQ(t.report(kKey, prof2).state, "exploring");
   EXPECT_EQ(t.report(kKey, prof).state, "");  // the old profile's entries are gone
+}
+
+TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
+  Tuner t;
+  auto prof = std::make_shared<const MachineProfile>();
+  const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
+  // Runs one exploration; the timed calls of candidate c take times[c]. Returns its calls.
+  auto explore = [&](const double* times) {
+    int n = 0;
+    for (;; ++n) {
+      const auto step = t.next(big, prof, make);
+      if (step.candidate < 0) return n;  // not exploring
+      if (!step.timed) continue;
+      const auto got = t.record(big, prof, step, times[step.candidate]);
+      if (step.last) {
+        t.settle(big, prof, got);
+        return n + 1;
+      }
+    }
+  };
+  const int calls = 2 * 2 * (2 + 3);
+  // First exploration: flat (the model's) read slow, as right after start-up: a switch.
+  const double slowFlat[] = {2.4, 1.5};
+  ASSERT_EQ(explore(slowFlat), calls);
+  auto r = t.report(big, prof);
+  EXPECT_EQ(r.state, "provisional");
+  EXPECT_EQ(r.settled, Algorithm::kRing);
+  EXPECT_EQ(r.recheckGap, Tuner::kRecheckGap * calls);
+  for (int i = 0; i < r.recheckGap; ++i) {  // ring runs, untimed, until the re-check
+    const auto step = t.next(big, prof, make);
+    EXPECT_EQ(step.algorithm, Algorithm::kRing);
+    EXPECT_FALSE(step.timed);
+  }
+  EXPECT_EQ(t.report(big, prof).state, "provisional");
+  // The re-check: flat at its own speed now; each figure is the lower of the two.
+  const double steady[] = {1.0, 1.6};
+  EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kFlat);  // its first call
+  EXPECT_EQ(t.report(big, prof).state, "rechecking");
+  ASSERT_EQ(explore(steady), calls - 1);
+  r = t.report(big, prof);
+  EXPECT_EQ(r.state, "settled");
+  EXPECT_EQ(r.settled, Algorithm::kFlat);
+  EXPECT_EQ(r.seconds, (std::vector<double>{1.0, 1.5}));
+  for (int i = 0; i < 3 * calls; ++i) EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kFlat);
+  EXPECT_EQ(t.report(big, prof).state, "settled");
+  // Keeping the model's choice is final at once.
+  Tuner u;
+  const double flatFast[] = {1.0, 1.2};
+  int n = 0;
+  for (;; ++n) {
+    const auto step = u.next(big, prof, make);
+    if (!step.timed) continue;
+    const auto got = u.record(big, prof, step, flatFast[step.candidate]);
+    if (step.last) {
+      u.settle(big, prof, got);
+      break;
+    }
+  }
+  EXPECT_EQ(u.report(big, prof).state, "settled");
+  EXPECT_EQ(u.report(big, prof).settled, Algorithm::kFlat);
 }
 
 TEST(Tuner, ASingleCandidateRunsAtOnceUntimed) {
