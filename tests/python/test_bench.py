@@ -225,10 +225,15 @@ def test_schema_validation_and_writers(tmp_path):
     rows[0]["efficiency"] = float("nan")  # written as null
     report.write_json(str(jp), doc)
     assert json.loads(jp.read_text())["rows"][0]["efficiency"] is None
-    report.write_csv(str(cp), rows)
+    auto = _row(algorithm="auto", auto_choice="ring", auto_choices=["ring", "shm"],
+                auto_tuning={"state": "settled", "candidates": ["ring", "shm"]})
+    report.write_csv(str(cp), rows + [auto])
     with open(cp) as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 3 and table[1]["library"] == "mpi" and table[0]["times_us"] == "9 10 12"
+    assert len(table) == 4 and table[1]["library"] == "mpi" and table[0]["times_us"] == "9 10 12"
+    # Lists as space-separated names, objects as JSON; None as an empty field.
+    assert table[3]["auto_choices"] == "ring shm" and table[0]["auto_choices"] == ""
+    assert json.loads(table[3]["auto_tuning"])["candidates"] == ["ring", "shm"]
     report.write_plot(str(pp), rows, "test")
     assert pp.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

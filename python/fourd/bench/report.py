@@ -117,6 +117,10 @@ def write_csv(path: str, rows: list):
                 v = r.get(k)
                 if k in ("times_us", "round_times_us"):
                     v = " ".join(f"{x:g}" for x in v or [])
+                elif isinstance(v, list):  # auto_choices: names, space-separated
+                    v = " ".join(str(x) for x in v)
+                elif isinstance(v, dict):  # auto_tuning: as in the JSON
+                    v = json.dumps(_json_clean(v), sort_keys=True)
                 elif isinstance(v, float):
                     v = f"{v:.6g}"
                 elif v is None:
