@@ -295,8 +295,8 @@ class Grid:
     def explain(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
                 in_place: bool = False) -> dict:
         """The candidates `auto` considers for this call, with predicted times, and its choice
-        (the cost model's, or once tuning in use has settled, the algorithm the calls settled
-        on; "tuning" says which). `in_place`: the call's output is its input (all_reduce), or
+        (the cost model's, or once tuning in use has chosen, provisionally or for good, the
+        algorithm the calls run; "tuning" says which). `in_place`: the call's output is its input (all_reduce), or
         holds it as this rank's block (all_gather, reduce_scatter); measured corrections of
         the model may differ."""
         comm = self._comm(axis_mask(axis))
@@ -316,15 +316,16 @@ class Grid:
             "forced_by_env": forced is not None and planned is None,
             "set_by_plan": planned is not None,
             # auto's tuning in use (docs/algorithms.md): the shortlist tried on the calls, and
-            # once settled, their measured times and the algorithm later calls run.
+            # once chosen, their measured times and the algorithm later calls run.
             "tuning": comm.tuning(collective, int(nbytes), dtype, bool(in_place)),
         }
 
     def algorithm_for(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
                       in_place: bool = False) -> str:
         """The algorithm a call with algorithm="auto" runs: the axis default set by a plan, else
-        FOURD_ALGORITHM, else what tuning in use settled on, else the cost model's choice
-        (while the first calls of a size are tuned, they run its shortlist in turn)."""
+        FOURD_ALGORITHM, else what tuning in use chose (provisionally or for good), else the
+        cost model's choice (while the calls of a size explore, they run its shortlist in
+        turn)."""
         mask = axis_mask(axis)
         code = self._axis_algorithms.get(mask)
         if code:
