@@ -94,9 +94,10 @@ Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype, bool
   const auto key = std::make_tuple(static_cast<int>(c), nbytes, static_cast<int>(dtype), inPlace);
   std::shared_ptr<const MachineProfile> profile = *state_->profile;
   if (state_->tuner.tunes(nbytes, size())) {
-    // Tuned in use (tuner.hpp): what the calls settled on runs from then on.
+    // Tuned in use (tuner.hpp): what the calls chose runs from then on (provisionally or
+    // for good; kAuto while they explore).
     const auto t = state_->tuner.report(key, profile);
-    if (t.state == "settled" || t.state == "provisional") return t.settled;
+    if (t.settled != Algorithm::kAuto) return t.settled;
   }
   {
     std::lock_guard<std::mutex> lock(memo.mu);

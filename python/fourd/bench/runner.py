@@ -217,8 +217,7 @@ class Runner:
                     ex = self.grid.explain(bufs.collective, nbytes, axis.name,
                                            dtype=bufs.dtype, in_place=in_place)
                     if ex["forced_by_env"] or ex["set_by_plan"] or \
-                            ex["tuning"]["state"] not in ("exploring", "provisional",
-                                                          "rechecking", "not yet run"):
+                            ex["tuning"]["state"] in ("settled", "single", "off"):
                         break
                     t0 = time.perf_counter()
                     call()

@@ -166,16 +166,17 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
   auto prof = std::make_shared<const MachineProfile>();
   const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
   auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
-  // Runs one exploration; the timed calls of candidate c take times[c]. Returns its calls.
-  auto explore = [&](const double* times) {
+  // Runs one exploration of `tu`; the timed calls of candidate c take times[c]. Returns its
+  // calls.
+  auto explore = [&](Tuner& tu, const double* times) {
     int n = 0;
     for (;; ++n) {
-      const auto step = t.next(big, prof, make);
+      const auto step = tu.next(big, prof, make);
       if (step.candidate < 0) return n;  // not exploring
       if (!step.timed) continue;
-      const auto got = t.record(big, prof, step, times[step.candidate]);
+      const auto got = tu.record(big, prof, step, times[step.candidate]);
       if (step.last) {
-        t.settle(big, prof, got);
+        tu.settle(big, prof, got);
         return n + 1;
       }
     }
@@ -183,7 +184,7 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
   const int calls = 2 * 2 * (2 + 3);
   // First exploration: flat (the model's) read slow, as right after start-up: a switch.
   const double slowFlat[] = {2.4, 1.5};
-  ASSERT_EQ(explore(slowFlat), calls);
+  ASSERT_EQ(explore(t, slowFlat), calls);
   auto r = t.report(big, prof);
   EXPECT_EQ(r.state, "provisional");
   EXPECT_EQ(r.settled, Algorithm::kRing);
@@ -198,7 +199,7 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
   const double steady[] = {1.0, 1.6};
   EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kFlat);  // its first call
   EXPECT_EQ(t.report(big, prof).state, "rechecking");
-  ASSERT_EQ(explore(steady), calls - 1);
+  ASSERT_EQ(explore(t, steady), calls - 1);
   r = t.report(big, prof);
   EXPECT_EQ(r.state, "settled");
   EXPECT_EQ(r.settled, Algorithm::kFlat);
@@ -208,16 +209,7 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
   // Keeping the model's choice is final at once.
   Tuner u;
   const double flatFast[] = {1.0, 1.2};
-  int n = 0;
-  for (;; ++n) {
-    const auto step = u.next(big, prof, make);
-    if (!step.timed) continue;
-    const auto got = u.record(big, prof, step, flatFast[step.candidate]);
-    if (step.last) {
-      u.settle(big, prof, got);
-      break;
-    }
-  }
+  ASSERT_EQ(explore(u, flatFast), calls);
   EXPECT_EQ(u.report(big, prof).state, "settled");
   EXPECT_EQ(u.report(big, prof).settled, Algorithm::kFlat);
 }
