@@ -98,6 +98,8 @@ def test_default_grid_follows_hosts():
     (["-T", "0"], "-T/--timeout"),
     (["--timing", "wall"], "--timing"),
     (["-R", "0"], "-R/--rounds"),
+    (["--target-time", "0"], "--target-time"),
+    (["--target-time", "0.1", "-n", "5"], "give one"),
 ])
 def test_bad_arguments(argv, fragment):
     with pytest.raises(UsageError) as e:

@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-n", "--iters", type=int, default=None, metavar="N",
                    help="timed iterations per row (default: adaptive, 3 to 1000, about 50 ms of "
                         "timed work per row)")
+    g.add_argument("--target-time", type=float, default=None, metavar="SECONDS",
+                   help="adaptive iterations: about this much timed work per cell and round "
+                        "(default 0.05, less for sweeps of over 400 cells); longer averages out "
+                        "more of a busy machine's noise")
     g.add_argument("-w", "--warmup_iters", "--warmup-iters", dest="warmup_iters", type=int,
                    default=5, metavar="N",
                    help="untimed warm-up iterations per row (default 5, as nccl-tests; the "
@@ -213,6 +217,7 @@ class Config:
     iters: int | None
     warmup: int
     rounds: int
+    target_time: float | None
     check: int
     timeout: float | None
     dtypes: list
@@ -448,6 +453,11 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
         raise UsageError(f"-w/--warmup_iters: expected 0 or more; found {args.warmup_iters}")
     if args.rounds < 1:
         raise UsageError(f"-R/--rounds: expected at least 1 round; found {args.rounds}")
+    if args.target_time is not None and not args.target_time > 0:
+        raise UsageError(f"--target-time: expected a positive number of seconds; found {args.target_time:g}")
+    if args.iters is not None and args.target_time is not None:
+        raise UsageError("-n/--iters and --target-time: give one (fixed iterations, or adaptive "
+                         "ones with a target time)")
     if args.check < 0:
         raise UsageError(f"-c/--check: expected 0 (off) or a number of checked iterations; found {args.check}")
     if args.timeout is not None and not args.timeout > 0:
@@ -522,7 +532,7 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
 
     return Config(
         timing=timing, device=device, argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
-        rounds=args.rounds,
+        rounds=args.rounds, target_time=args.target_time,
         check=args.check, timeout=args.timeout, dtypes=dtypes, ops=ops, collectives=colls,
         axes=axes, axes_requested=args.axis is not None, algorithms=algs,
         algorithms_requested=algs_req, baselines=baselines, baselines_requested=base_req,

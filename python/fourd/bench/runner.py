@@ -109,7 +109,7 @@ class Runner:
         self._last_impl = None  # (library, algorithm) of the cell measured last
         self.wrong_total = 0
         self.cells = self.total_cells()
-        self.target_s = target_seconds(self.cells)
+        self.target_s = cfg.target_time if cfg.target_time is not None else target_seconds(self.cells)
         Buffers.reserve(max(cfg.sizes))  # every row's arrays come from these (libraries.py)
 
     # ---- notes -------------------------------------------------------------------------------
