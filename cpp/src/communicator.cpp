@@ -302,7 +302,7 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
     Algorithm model = fourd::choose(spec.coll, spec.tuneBytes, spec.in.dtype, shape,
                                     *spec.profile, spec.tuneInPlace);
     if (detail::algorithmImpl(model) == nullptr) model = Algorithm::kFlat;
-    return Tuner::shortlist(preds, model);
+    return Tuner::shortlist(preds, model, spec.tuneBytes);
   });
   OpSpec run = spec;
   run.algorithm = step.algorithm;

@@ -4,7 +4,9 @@
 
 namespace fourd::detail {
 
-std::vector<Algorithm> Tuner::shortlist(const std::vector<Prediction>& preds, Algorithm model) {
+std::vector<Algorithm> Tuner::shortlist(const std::vector<Prediction>& preds, Algorithm model,
+                                        size_t nbytes) {
+  const bool everyone = nbytes < kSmallBytes;
   double base = 0.0;
   for (const auto& p : preds) {
     if (p.algorithm == model && p.supported) base = p.seconds;
@@ -12,7 +14,7 @@ std::vector<Algorithm> Tuner::shortlist(const std::vector<Prediction>& preds, Al
   std::vector<const Prediction*> rivals;
   for (const auto& p : preds) {
     if (p.algorithm == model || !p.supported || !(p.seconds > 0) || !(base > 0)) continue;
-    if (p.seconds <= kWindow * base) rivals.push_back(&p);
+    if (everyone || p.seconds <= kWindow * base) rivals.push_back(&p);
   }
   // Stable: equal predictions keep enum order, the same on every rank.
   std::stable_sort(rivals.begin(), rivals.end(),
@@ -26,12 +28,13 @@ std::vector<Algorithm> Tuner::shortlist(const std::vector<Prediction>& preds, Al
 }
 
 int Tuner::timedCalls(size_t nbytes) {
-  if (nbytes == 0) return kMaxTimed;
+  if (nbytes < kSmallBytes) return kSmallTimed;
   const size_t n = (kTimedBytes + nbytes - 1) / nbytes;
   return static_cast<int>(std::min<size_t>(kMaxTimed, std::max<size_t>(kTimed, n)));
 }
 
 int Tuner::warmCalls(size_t nbytes) {
+  if (nbytes < kSmallBytes) return kSmallWarm;
   if (nbytes < kWarmFrom) return kWarm;
   const size_t n = (kWarmBytes + nbytes - 1) / nbytes;
   return static_cast<int>(std::min<size_t>(kMaxWarm, std::max<size_t>(kWarm, n)));

@@ -20,7 +20,15 @@
 //   timed rhd 1.3x faster than it ran in a row of calls;
 // - as many as carry kTimedBytes (kTimed to kMaxTimed): the medians of 3 calls of 1 MiB on 4
 //   ranks ranked shm, ring and rhd, within 10% of each other, the other way round from the
-//   benchmark;
+//   benchmark.
+// Tuning covers every size: below 256 KiB the model alone ran flat at 1.4x rhd's time (2 ranks,
+// 4 KiB all_reduce) and ring at 1.8-1.9x flat's and rhd's (4 ranks, 1-4 KiB out of place),
+// measured in 11 rounds. There calls take a few microseconds (2 ranks) to tens (4 ranks on
+// 2 cores), and a short window times the scheduler more than the algorithm: with 2 untimed and
+// 32 timed calls, 4 ranks timed rhd at 43 us against ring's 25 (1 KiB), then ran them at 16 and
+// 29 us. So below kSmallBytes a candidate gets kSmallWarm untimed and kSmallTimed timed calls,
+// and the shortlist holds every supported algorithm (the model's latency terms are the least
+// sure: at 1 KiB on 2 ranks it priced rhd over 2x flat, which rhd beat by 1.1x).
 // - two passes, a candidate's figure being the better of its passes' medians: the first calls
 //   of a size, and the first after another algorithm, ran up to 1.7x slow (4 ranks of the
 //   2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16 and lost to ring at
@@ -70,14 +78,19 @@ class Tuner {
   static constexpr int kMaxCandidates = 4;    ///< the model's choice and up to 3 rivals
   static constexpr double kWindow = 2.0;      ///< rivals: predicted within this of the choice
   static constexpr double kSwitch = 0.95;     ///< leave the model's choice only below this
-  static constexpr size_t kMinBytes = 256 << 10;  ///< smaller calls: the model alone decides
+  static constexpr size_t kSmallBytes = 256 << 10;  ///< below: latency-bound calls ...
+  static constexpr int kSmallWarm = 16;       ///< ... get this many untimed calls,
+  static constexpr int kSmallTimed = 64;      ///< ... this many timed ones, and every
+                                              ///< supported algorithm on the shortlist
   static constexpr int kRecheckGap = 4;       ///< a switch runs this many explorations' calls,
                                               ///< then the shortlist is explored again
 
   using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
 
-  /// The algorithms to try, the model's choice first, then its rivals by predicted time.
-  static std::vector<Algorithm> shortlist(const std::vector<Prediction>& preds, Algorithm model);
+  /// The algorithms to try for calls of `nbytes`, the model's choice first, then its rivals by
+  /// predicted time (within kWindow of it; below kSmallBytes, every supported one).
+  static std::vector<Algorithm> shortlist(const std::vector<Prediction>& preds, Algorithm model,
+                                          size_t nbytes);
   /// Timed calls per candidate and pass for calls of `nbytes` (the same on every rank).
   static int timedCalls(size_t nbytes);
   /// Untimed calls before them (the same on every rank).
@@ -96,10 +109,10 @@ class Tuner {
 
   /// Whether tuning is on (FOURD_TUNE unset or on).
   bool enabled() const noexcept { return enabled_; }
-  /// Whether a call of `nbytes` on a group of `groupSize` is tuned: tuning on, a large enough
-  /// call, more than one rank (broadcast never is: it always runs the library's own).
+  /// Whether a call of `nbytes` on a group of `groupSize` is tuned: tuning on, a call that
+  /// moves data, more than one rank (broadcast never is: it always runs the library's own).
   bool tunes(size_t nbytes, int groupSize) const noexcept {
-    return enabled_ && nbytes >= kMinBytes && groupSize > 1;
+    return enabled_ && nbytes > 0 && groupSize > 1;
   }
   void setEnabled(bool on) noexcept { enabled_ = on; }
 

@@ -38,9 +38,10 @@ MIN_TARGET_S = 0.01
 FIRST_CELL_WARMUP = 20  # extra untimed calls before the first timed cell of a run
 LONG_CALL_S = 100e-6  # calls at least this long (the slowest rank's) ...
 LONG_CALL_WARMUP = 12  # ... get at least this many warm-up calls
-TUNING_MAX_CALLS = 768  # auto: untimed calls until its tuning has settled, at most this many (the
-#                         longest: 4 candidates x 2 passes x 14 calls = 112, and for a switch
-#                         4 x 112 run provisionally and 112 more to re-check it: 672)
+TUNING_MAX_CALLS = 3840  # auto: untimed calls until its tuning has settled, at most this many
+#                          (the longest: below 256 KiB 4 candidates x 2 passes x (16 + 64)
+#                          calls = 640, and for a switch 4 x 640 run provisionally and 640 more
+#                          to re-check it)
 MIN_ITERS = 3
 MAX_ITERS = 1000  # 20 before: a 20 us cell then timed 0.4 ms of calls, and one 250 us
 # scheduling stall of a rank (4 ranks on 2 cores) moved its mean 1.5x

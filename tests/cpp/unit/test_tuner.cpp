@@ -29,7 +29,7 @@ TEST(Tuner, ShortlistIsTheChoiceThenRivalsWithinTheWindowByPrediction) {
   const std::vector<Prediction> preds = {
       pred(Algorithm::kFlat, 2.1), pred(Algorithm::kRing, 1.9), pred(Algorithm::kRhd, 1.2),
       pred(Algorithm::kHierarchical, 1.0, false), pred(Algorithm::kShm, 1.0)};
-  const auto s = Tuner::shortlist(preds, Algorithm::kShm);
+  const auto s = Tuner::shortlist(preds, Algorithm::kShm, size_t(1) << 20);
   ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(s[0], Algorithm::kShm);
   EXPECT_EQ(s[1], Algorithm::kRhd);   // 1.2x
@@ -40,17 +40,29 @@ TEST(Tuner, ShortlistKeepsAtMostFourAndIsAloneWithoutRivals) {
   const std::vector<Prediction> close = {
       pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 1.0), pred(Algorithm::kRhd, 1.0),
       pred(Algorithm::kHierarchical, 1.0), pred(Algorithm::kShm, 1.0)};
-  const auto s = Tuner::shortlist(close, Algorithm::kRhd);
+  const auto s = Tuner::shortlist(close, Algorithm::kRhd, size_t(1) << 20);
   ASSERT_EQ(static_cast<int>(s.size()), Tuner::kMaxCandidates);
   EXPECT_EQ(s[0], Algorithm::kRhd);
   EXPECT_EQ(s[1], Algorithm::kFlat);  // ties keep enum order: the same on every rank
   EXPECT_EQ(s[2], Algorithm::kRing);
   EXPECT_EQ(s[3], Algorithm::kHierarchical);  // shm, the fifth, is left out
   const std::vector<Prediction> far = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 2.1)};
-  EXPECT_EQ(Tuner::shortlist(far, Algorithm::kFlat), std::vector<Algorithm>{Algorithm::kFlat});
+  EXPECT_EQ(Tuner::shortlist(far, Algorithm::kFlat, size_t(1) << 20),
+            std::vector<Algorithm>{Algorithm::kFlat});
+  // Below 256 KiB every supported algorithm is tried, whatever the model predicts.
+  const std::vector<Prediction> small = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 9.0),
+                                         pred(Algorithm::kRhd, 2.5),
+                                         pred(Algorithm::kHierarchical, 1.0, false)};
+  EXPECT_EQ(Tuner::shortlist(small, Algorithm::kFlat, 4096),
+            (std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRhd, Algorithm::kRing}));
+  EXPECT_EQ(Tuner::shortlist(small, Algorithm::kFlat, size_t(256) << 10),
+            std::vector<Algorithm>{Algorithm::kFlat});
 }
 
-TEST(Tuner, TimedCallsCarryTwelveMiBBetweenThreeAndTwelveCalls) {
+TEST(Tuner, TimedCallsCarryTwelveMiBBetweenThreeAndTwelveCallsAndAreMoreForSmallCalls) {
+  EXPECT_EQ(Tuner::timedCalls(1), Tuner::kSmallTimed);
+  EXPECT_EQ(Tuner::timedCalls(4096), Tuner::kSmallTimed);
+  EXPECT_EQ(Tuner::timedCalls((size_t(256) << 10) - 1), Tuner::kSmallTimed);
   EXPECT_EQ(Tuner::timedCalls(size_t(256) << 10), 12);
   EXPECT_EQ(Tuner::timedCalls(size_t(1) << 20), 12);
   EXPECT_EQ(Tuner::timedCalls((size_t(1) << 20) + 1), 12);
@@ -60,7 +72,20 @@ TEST(Tuner, TimedCallsCarryTwelveMiBBetweenThreeAndTwelveCalls) {
   EXPECT_EQ(Tuner::timedCalls(size_t(64) << 20), 3);
 }
 
+TEST(Tuner, EveryCallThatMovesDataIsTunedOnGroupsOfTwoOrMore) {
+  Tuner t;
+  EXPECT_TRUE(t.tunes(1, 2));
+  EXPECT_TRUE(t.tunes(4096, 8));
+  EXPECT_TRUE(t.tunes(size_t(1) << 30, 2));
+  EXPECT_FALSE(t.tunes(0, 2));        // nothing to time
+  EXPECT_FALSE(t.tunes(4096, 1));     // nothing to choose
+  t.setEnabled(false);                // FOURD_TUNE=0
+  EXPECT_FALSE(t.tunes(4096, 2));
+}
+
 TEST(Tuner, WarmCallsCarryNinetySixMiBFromFourMiBBetweenTwoAndSix) {
+  EXPECT_EQ(Tuner::warmCalls(1), Tuner::kSmallWarm);  // below 256 KiB: more
+  EXPECT_EQ(Tuner::warmCalls((size_t(256) << 10) - 1), Tuner::kSmallWarm);
   EXPECT_EQ(Tuner::warmCalls(size_t(256) << 10), 2);
   EXPECT_EQ(Tuner::warmCalls((size_t(4) << 20) - 1), 2);  // below 4 MiB: two
   EXPECT_EQ(Tuner::warmCalls(size_t(4) << 20), 6);

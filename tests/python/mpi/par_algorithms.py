@@ -482,9 +482,11 @@ def _agreed_by_my_group(g, axis, value):
     return all(everyone[r] == value for r in g.ranks(axis))
 
 
-def test_auto_tuning_in_use_settles_alike_on_every_rank():
+@pytest.mark.parametrize("count,warm,timed", [(2**18 + 5, 2, 12), (1021, 16, 64)])
+def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
     g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
-    count = 2**18 + 5  # int32: just over 1 MiB (tuning starts at 256 KiB)
+    # int32: just over 1 MiB (2 untimed calls, and 12 MiB of timed calls: 12 of them), or just
+    # under 4 KiB (below 256 KiB: 16 untimed and 64 timed calls)
     nbytes = 4 * count
     axes = [a for a in ("x", "world") if g.size(a) > 1]
     for axis in axes:
@@ -494,7 +496,7 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank():
         states = []
         inputs = [make(np.int32, values(ME, count, j)) for j in range(3)]  # period 3
         wants = [oracle("sum", g.ranks(axis), count, j) for j in range(3)]
-        for i in range(1000):
+        for i in range(4000):
             t = inputs[i % 3].copy()
             fourd.all_reduce(t, axis, algorithm="auto")
             check(t, wants[i % 3], "sum", np.int32, f"auto {axis} #{i}")
@@ -504,10 +506,9 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank():
                 break
         cands = tu["candidates"]
         assert cands[0] == model["choice"] and 2 <= len(cands) <= 4, tu
-        # Two passes; a candidate gets 2 untimed calls and 12 timed ones (12 MiB of timed
-        # calls, 3 to 12 of them) in each.
+        # Two passes; a candidate gets its untimed and timed calls in each.
         e = tu["explore_calls"]
-        assert e == 2 * len(cands) * (2 + 12), tu
+        assert e == 2 * len(cands) * (warm + timed), tu
         assert tu["recheck_gap"] == 4 * e, tu
         if states[e - 1] == "settled":  # the model's choice kept: final at once
             assert states == ["exploring"] * (e - 1) + ["settled"], (states, cands)
@@ -531,8 +532,8 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank():
         # A new profile prices the shortlists anew.
         assert g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]["state"] == \
             "not yet run"
-    # Below 256 KiB the model alone decides.
-    assert g.explain("all_reduce", 4096, "world")["tuning"]["state"] == "off"
+    # A call that moves nothing has nothing to time.
+    assert g.explain("all_reduce", 0, "world")["tuning"]["state"] == "off"
     fourd.finalize()
 
 
