@@ -18,15 +18,18 @@ run() {  # name, then the command
 
 # Every comparison between implementations measures each row in 3 rounds, the cells in an
 # order rotated from round to round, and reports each cell's median round (-R 3); the runs of
-# the criteria (one node, and the all_reduce runs of the clusters) in 5 (-R 5): a cell
-# then reads slow only when 3 of its 5 rounds hit a stall of this shared 2-core machine.
+# the criteria (one node, and the all_reduce runs of the clusters) in 11 (-R 11): with
+# 5, two cells running the same code (auto's and the algorithm it ran) still differed by up to
+# 12-14% on this shared 2-core machine, where rounds of the same cell spread by 10-20%; with 11
+# they differed by at most 3% (2 ranks, float32, 1-64 MiB). Longer rounds did not help (0.2 s
+# per cell and round, 5 rounds: up to 12%).
 
 # One node: all_reduce float32 and bfloat16, 1 MiB - 64 MiB, every algorithm, both baselines;
 # adaptive timing (about 50 ms of calls per cell: 3 at 64 MiB, hundreds at 1 MiB).
 for n in 2 4; do
   run onenode_np${n}_all_reduce "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
     --grid x=$n --ranks-per-node $n --axis world --collective all_reduce -d float,bfloat16 \
-    -b 1M -e 64M -f 4 -R 5 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
+    -b 1M -e 64M -f 4 -R 11 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
     --csv $OUT/onenode_np${n}_all_reduce.csv --plot $OUT/onenode_np${n}_all_reduce.png
 done
 
@@ -72,11 +75,11 @@ for shape in 2x2 2x3; do
     --csv $OUT/cluster_$shape.csv --plot $OUT/cluster_$shape.png
 done
 
-# The criterion runs on the clusters: all_reduce alone, float32, in 5 rounds.
+# The criterion runs on the clusters: all_reduce alone, float32, in 11 rounds.
 for shape in 2x2 2x3; do
   run cluster_${shape}_all_reduce bench/cluster/run_cluster.sh --nodes ${shape%x*} \
     --ranks-per-node ${shape#*x} --rate 4gbit --python "$PY" -- --axis world \
-    --collective all_reduce -b 1M -e 64M -f 4 -R 5 --algorithm all \
+    --collective all_reduce -b 1M -e 64M -f 4 -R 11 --algorithm all \
     --json $OUT/cluster_${shape}_all_reduce.json --csv $OUT/cluster_${shape}_all_reduce.csv \
     --plot $OUT/cluster_${shape}_all_reduce.png
 done
