@@ -21,8 +21,8 @@ run() {  # name, then the command
 # the criteria (one node, and the all_reduce runs of the clusters) in 11 (-R 11): with
 # 5, two cells running the same code (auto's and the algorithm it ran) still differed by up to
 # 12-14% on this shared 2-core machine, where rounds of the same cell spread by 10-20%; with 11
-# they differed by at most 3% (2 ranks, float32, 1-64 MiB). Longer rounds did not help (0.2 s
-# per cell and round, 5 rounds: up to 12%).
+# they differed by at most 3% in a trial (2 ranks, float32, 1-64 MiB), by 4-9% in the recorded
+# runs. Longer rounds did not help (0.2 s per cell and round, 5 rounds: up to 12%).
 
 # One node: all_reduce float32 and bfloat16, 1 MiB - 64 MiB, every algorithm, both baselines;
 # adaptive timing (about 50 ms of calls per cell: 3 at 64 MiB, hundreds at 1 MiB).
@@ -31,6 +31,16 @@ for n in 2 4; do
     --grid x=$n --ranks-per-node $n --axis world --collective all_reduce -d float,bfloat16 \
     -b 1M -e 64M -f 4 -R 11 --algorithm all --json $OUT/onenode_np${n}_all_reduce.json \
     --csv $OUT/onenode_np${n}_all_reduce.csv --plot $OUT/onenode_np${n}_all_reduce.png
+done
+
+# One node, small calls: the three collectives, float32, 1 KiB - 256 KiB, every algorithm and
+# MPI, 11 rounds (auto's tuning in use below 256 KiB: docs/algorithms.md, "Small calls").
+for n in 2 4; do
+  run onenode_np${n}_small "$MPIEXEC" -n $n "$PY" -m mpi4py -m fourd.bench \
+    --grid x=$n --ranks-per-node $n --axis world --collective all_reduce,all_gather,reduce_scatter \
+    -d float -b 1K -e 256K -f 4 -R 11 --algorithm all --baseline mpi \
+    --json $OUT/onenode_np${n}_small.json --csv $OUT/onenode_np${n}_small.csv \
+    --plot $OUT/onenode_np${n}_small.png
 done
 
 # The planner's model against measurements (median absolute error must be < 25%): a profile

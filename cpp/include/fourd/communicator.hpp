@@ -63,9 +63,9 @@ class Communicator {
                                   bool inPlace = false) const;
 
   /// What `auto`'s tuning in use knows of this call (docs/algorithms.md, "Tuning in use"):
-  /// state "off" (FOURD_TUNE=0, a call below 256 KiB, a one-rank group or broadcast: the
+  /// state "off" (FOURD_TUNE=0, a call of 0 bytes, a one-rank group or broadcast: the
   /// model alone decides), "" (no such call has run with the current profile), "single" (no
-  /// rival predicted within 2x: the model's choice runs), "exploring", "provisional" (the
+  /// rival on the shortlist: the model's choice runs), "exploring", "provisional" (the
   /// exploration chose another algorithm than the model: it runs until a second exploration
   /// confirms it), "rechecking" (that second exploration) or "settled"; the candidates tried,
   /// the model's choice first; from "provisional", the slowest rank's median time of each (the

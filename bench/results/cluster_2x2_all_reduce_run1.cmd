@@ -1,1 +1,0 @@
-bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --rate 4gbit --python .venv/bin/python -- --axis world --collective all_reduce -b 1M -e 64M -f 4 -R 5 --algorithm all --json bench/results/cluster_2x2_all_reduce.json --csv bench/results/cluster_2x2_all_reduce.csv --plot bench/results/cluster_2x2_all_reduce.png

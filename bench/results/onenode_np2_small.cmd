@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_reduce,all_gather,reduce_scatter -d float -b 1K -e 256K -f 4 -R 11 --algorithm all --baseline mpi --json bench/results/onenode_np2_small.json --csv bench/results/onenode_np2_small.csv --plot bench/results/onenode_np2_small.png
