@@ -20,7 +20,11 @@
 //   timed rhd 1.3x faster than it ran in a row of calls;
 // - as many as carry kTimedBytes (kTimed to kMaxTimed): the medians of 3 calls of 1 MiB on 4
 //   ranks ranked shm, ring and rhd, within 10% of each other, the other way round from the
-//   benchmark.
+//   benchmark;
+// - two passes, a candidate's figure being the better of its passes' medians: the first calls
+//   of a size, and the first after another algorithm, ran up to 1.7x slow (4 ranks of the
+//   2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16 and lost to ring at
+//   2.5 ms; it then ran 2.2 ms against ring's 2.5).
 // Tuning covers every size: below 256 KiB the model alone ran flat at 1.4x rhd's time (2 ranks,
 // 4 KiB all_reduce) and ring at 1.8-1.9x flat's and rhd's (4 ranks, 1-4 KiB out of place),
 // measured in 11 rounds. There calls take a few microseconds (2 ranks) to tens (4 ranks on
@@ -29,10 +33,8 @@
 // 29 us. So below kSmallBytes a candidate gets kSmallWarm untimed and kSmallTimed timed calls,
 // and the shortlist holds every supported algorithm (the model's latency terms are the least
 // sure: at 1 KiB on 2 ranks it priced rhd over 2x flat, which rhd beat by 1.1x).
-// - two passes, a candidate's figure being the better of its passes' medians: the first calls
-//   of a size, and the first after another algorithm, ran up to 1.7x slow (4 ranks of the
-//   2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16 and lost to ring at
-//   2.5 ms; it then ran 2.2 ms against ring's 2.5).
+// With a core per rank that settled small calls well (2 ranks: the choice within 10% of the
+// fastest in 30 of 30 cells); with 4 ranks on 2 cores it stays a coin toss (bench/README.md).
 // The shortlist is wide: kWindow is the calibration's own pruning threshold (what calibration
 // stops timing as out of the race, tuning does not try either), and kMaxCandidates lets every
 // algorithm of a one-node group in (flat, ring, rhd, shm). At 1.5x and three, a recorded 4-rank
