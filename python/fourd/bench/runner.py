@@ -214,15 +214,18 @@ class Runner:
                 # shortlist in turn; measured once they have settled, as in a training run's
                 # later steps. How many calls that took is in the row's auto_tuning.
                 nbytes = bufs.count * ITEMSIZE[bufs.dtype]
-                for _ in range(TUNING_MAX_CALLS):
-                    ex = self.grid.explain(bufs.collective, nbytes, axis.name,
-                                           dtype=bufs.dtype, in_place=in_place)
-                    if ex["forced_by_env"] or ex["set_by_plan"] or \
-                            ex["tuning"]["state"] in ("settled", "single", "off"):
-                        break
-                    t0 = time.perf_counter()
-                    call()
-                    est = time.perf_counter() - t0
+                ex = self.grid.explain(bufs.collective, nbytes, axis.name,
+                                       dtype=bufs.dtype, in_place=in_place)
+                if not (ex["forced_by_env"] or ex["set_by_plan"]):
+                    # The tuning's state alone on each call (explain prices every candidate).
+                    comm = self.grid.communicator(axis.name)
+                    for _ in range(TUNING_MAX_CALLS):
+                        state = comm.tuning(bufs.collective, nbytes, bufs.dtype, in_place)["state"]
+                        if state in ("settled", "single", "off"):
+                            break
+                        t0 = time.perf_counter()
+                        call()
+                        est = time.perf_counter() - t0
         self._first_cell = False
         flags = np.array([1.0 if local_err else 0.0, est])
         self.world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
