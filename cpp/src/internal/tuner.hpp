@@ -9,8 +9,9 @@
 // 5.9 ms; ran 5.4-5.9 ms and 3.7-4.0 ms). Training issues the same collectives at the same
 // sizes every step, so the calls can settle it: for each (collective, bytes, dtype, placement)
 // the first calls run the shortlist (the model's choice and the algorithms predicted within
-// kWindow of it, kMaxCandidates at most) in two passes, the second in reverse order. In each
-// pass a candidate gets untimed calls, then a barrier, then timed calls back to back:
+// kWindow of it, every supported one below kSmallBytes, kMaxCandidates at most) in two
+// passes, the second in reverse order. In each pass a candidate gets untimed calls, then a
+// barrier, then timed calls back to back:
 // - untimed calls: kWarm, and from kWarmFrom as many as carry kWarmBytes (up to kMaxWarm):
 //   after another algorithm, ring and rhd took 5-7 calls of 16 MiB to reach their steady
 //   time (2 ranks of the VM: the first 1.25-1.65x, the third 1.15x), shm one; with two, the
@@ -138,7 +139,7 @@ class Tuner {
 
   /// What is known of `key`: "exploring", "provisional" (a switch, running until the second
   /// exploration), "rechecking" (that exploration) or "settled" (with the shortlist and, from
-  /// "provisional", the common times), "single" (no rival within kWindow: the model's choice
+  /// "provisional", the common times), "single" (no rival on the shortlist: the model's choice
   /// runs), or nothing yet (`state` empty: no call of it has run with the current profile).
   struct Report {
     std::string state;
