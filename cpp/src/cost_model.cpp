@@ -479,48 +479,51 @@ void checkShape(const GroupShape& s) {
   }
 }
 
-void checkProfile(const MachineProfile& m) {
-  auto fail = [&](const char* field, const std::string& expected, double value) {
+void checkProfileFields(const MachineProfile& m) {
+  // Named as in C++ and as in profile files and Python (profileFields()).
+  auto fail = [&](const char* field, const char* fileName, const std::string& expected,
+                  double value) {
     std::ostringstream os;
-    os << "profile." << field << ": expected " << expected << "; found " << value << " (profile '"
-       << m.name << "')";
+    os << "profile." << field << " (" << fileName << "): expected " << expected << "; found "
+       << value << " (profile '" << m.name << "')";
     throw InvalidArgument(os.str());
   };
-  if (m.ranksPerNode < 1) fail("ranksPerNode", ">= 1", m.ranksPerNode);
-  if (m.nicsPerNode < 1) fail("nicsPerNode", ">= 1", m.nicsPerNode);
-  if (m.hierarchicalChunks < 1) fail("hierarchicalChunks", ">= 1", m.hierarchicalChunks);
-  if (!(m.intraAlpha >= 0)) fail("intraAlpha", ">= 0 seconds", m.intraAlpha);
-  if (!(m.interAlpha >= 0)) fail("interAlpha", ">= 0 seconds", m.interAlpha);
-  if (!(m.intraBw > 0)) fail("intraBw", "> 0 bytes/s", m.intraBw);
-  if (!(m.nicBw > 0)) fail("nicBw", "> 0 bytes/s", m.nicBw);
-  if (!(m.reduceBw > 0)) fail("reduceBw", "> 0 bytes/s", m.reduceBw);
-  if (!(m.memcpyBw > 0)) fail("memcpyBw", "> 0 bytes/s", m.memcpyBw);
-  if (!(m.flatEfficiency > 0)) fail("flatEfficiency", "> 0", m.flatEfficiency);
+  if (m.ranksPerNode < 1) fail("ranksPerNode", "ranks_per_node", ">= 1", m.ranksPerNode);
+  if (m.nicsPerNode < 1) fail("nicsPerNode", "nics_per_node", ">= 1", m.nicsPerNode);
+  if (m.hierarchicalChunks < 1) fail("hierarchicalChunks", "hierarchical_chunks", ">= 1", m.hierarchicalChunks);
+  if (!(m.intraAlpha >= 0)) fail("intraAlpha", "intra_alpha", ">= 0 seconds", m.intraAlpha);
+  if (!(m.interAlpha >= 0)) fail("interAlpha", "inter_alpha", ">= 0 seconds", m.interAlpha);
+  if (!(m.intraBw > 0)) fail("intraBw", "intra_bw", "> 0 bytes/s", m.intraBw);
+  if (!(m.nicBw > 0)) fail("nicBw", "nic_bw", "> 0 bytes/s", m.nicBw);
+  if (!(m.reduceBw > 0)) fail("reduceBw", "reduce_bw", "> 0 bytes/s", m.reduceBw);
+  if (!(m.memcpyBw > 0)) fail("memcpyBw", "memcpy_bw", "> 0 bytes/s", m.memcpyBw);
+  if (!(m.flatEfficiency > 0)) fail("flatEfficiency", "flat_efficiency", "> 0", m.flatEfficiency);
   if (!(m.flatEfficiency16 >= 0)) {
-    fail("flatEfficiency16", ">= 0 (0: flatEfficiency)", m.flatEfficiency16);
+    fail("flatEfficiency16", "flat_efficiency_16", ">= 0 (0: flat_efficiency)", m.flatEfficiency16);
   }
-  if (!(m.shmBw >= 0)) fail("shmBw", ">= 0 bytes/s (0: memcpyBw)", m.shmBw);
-  if (!(m.reduceBw16 >= 0)) fail("reduceBw16", ">= 0 bytes/s (0: reduceBw / 2)", m.reduceBw16);
+  if (!(m.shmBw >= 0)) fail("shmBw", "shm_bw", ">= 0 bytes/s (0: memcpy_bw)", m.shmBw);
+  if (!(m.reduceBw16 >= 0)) fail("reduceBw16", "reduce_bw_16", ">= 0 bytes/s (0: reduce_bw / 2)", m.reduceBw16);
   if (!(m.shmReduceBw16 >= 0)) {
-    fail("shmReduceBw16", ">= 0 bytes/s (0: reduceBw16)", m.shmReduceBw16);
+    fail("shmReduceBw16", "shm_reduce_bw_16", ">= 0 bytes/s (0: reduce_bw_16)", m.shmReduceBw16);
   }
-  if (!(m.cacheBytes >= 0)) fail("cacheBytes", ">= 0 bytes (0: no cache tier)", m.cacheBytes);
+  if (!(m.cacheBytes >= 0)) fail("cacheBytes", "cache_bytes", ">= 0 bytes (0: no cache tier)", m.cacheBytes);
   if (!(m.cacheBwGain >= 1) || std::isinf(m.cacheBwGain)) {
-    fail("cacheBwGain", "a finite ratio >= 1", m.cacheBwGain);
+    fail("cacheBwGain", "cache_bw_gain", "a finite ratio >= 1", m.cacheBwGain);
   }
   for (size_t i = 0; i < m.corrections.size(); ++i) {
     const Correction& c = m.corrections[i];
     const std::string at = "corrections[" + std::to_string(i) + "].";
-    auto check = [&](bool ok, const char* field, const char* expected, double value) {
-      if (!ok) fail((at + field).c_str(), expected, value);
+    auto check = [&](bool ok, const char* field, const char* fileName, const char* expected,
+                     double value) {
+      if (!ok) fail((at + field).c_str(), (at + fileName).c_str(), expected, value);
     };
     const int ci = static_cast<int>(c.collective), ai = static_cast<int>(c.algorithm);
-    check(ci >= 0 && ci <= 3, "collective", "0..3", ci);
-    check(ai >= 1 && ai < kNumAlgorithms, "algorithm", "a concrete algorithm", ai);
-    check(c.groupSize >= 1, "groupSize", ">= 1", c.groupSize);
-    check(c.nodes >= 1 && c.nodes <= c.groupSize, "nodes", "1..groupSize", c.nodes);
-    check(c.nbytes > 0 && !std::isinf(c.nbytes), "nbytes", "> 0 bytes", c.nbytes);
-    check(c.factor > 0 && !std::isinf(c.factor), "factor", "a finite ratio > 0", c.factor);
+    check(ci >= 0 && ci < kNumCollectives, "collective", "collective", "0..3", ci);
+    check(ai >= 1 && ai < kNumAlgorithms, "algorithm", "algorithm", "a concrete algorithm", ai);
+    check(c.groupSize >= 1, "groupSize", "group_size", ">= 1", c.groupSize);
+    check(c.nodes >= 1 && c.nodes <= c.groupSize, "nodes", "nodes", "1..group_size", c.nodes);
+    check(c.nbytes > 0 && !std::isinf(c.nbytes), "nbytes", "nbytes", "> 0 bytes", c.nbytes);
+    check(c.factor > 0 && !std::isinf(c.factor), "factor", "factor", "a finite ratio > 0", c.factor);
   }
 }
 
@@ -696,6 +699,41 @@ void checkEnums(Collective c, Algorithm a) {
 
 }  // namespace
 
+void checkProfile(const MachineProfile& profile) { checkProfileFields(profile); }
+
+const std::vector<ProfileField>& profileFields() {
+  using M = MachineProfile;
+  static const std::vector<ProfileField> fields = {
+      {"name", &M::name, "a label"},
+      {"ranks_per_node", &M::ranksPerNode, "GPUs (or MPI ranks) per node"},
+      {"intra_alpha", &M::intraAlpha, "latency of one intra-node message, s"},
+      {"intra_bw", &M::intraBw, "per-rank intra-node bandwidth, B/s"},
+      {"inter_alpha", &M::interAlpha, "latency of one inter-node message, s"},
+      {"nic_bw", &M::nicBw, "bandwidth of one NIC, B/s"},
+      {"nics_per_node", &M::nicsPerNode, "NICs per node (node injection = nic_bw * nics_per_node)"},
+      {"reduce_bw", &M::reduceBw, "bytes of float32 input reduced per second by one rank"},
+      {"memcpy_bw", &M::memcpyBw, "local copy bandwidth per rank, B/s"},
+      {"flat_efficiency", &M::flatEfficiency,
+       "the MPI library's own collective relative to the ring model"},
+      {"compute_flops", &M::computeFlops, "dense matmul throughput per rank (planner only)"},
+      {"memory_bytes", &M::memoryBytes, "memory per rank (planner only)"},
+      {"intra_mesh", &M::intraMesh, "direct rank-to-rank links inside a node (no switch)"},
+      {"hierarchical_chunks", &M::hierarchicalChunks,
+       "chunks the hierarchical levels are pipelined over"},
+      {"shm_bw", &M::shmBw, "copy bandwidth through a shared-memory window, B/s (0: memcpy_bw)"},
+      {"reduce_bw_16", &M::reduceBw16,
+       "float16/bfloat16 bytes reduced per second, pairwise kernel (0: reduce_bw / 2)"},
+      {"shm_reduce_bw_16", &M::shmReduceBw16,
+       "the same with shm's k-input kernel (0: reduce_bw_16)"},
+      {"flat_efficiency_16", &M::flatEfficiency16,
+       "flat_efficiency of 16-bit reductions (0: flat_efficiency)"},
+      {"cache_bytes", &M::cacheBytes, "last-level cache shared by a node's ranks (0: no tier)"},
+      {"cache_bw_gain", &M::cacheBwGain, "cache-resident / streaming bandwidth, >= 1"},
+      {"corrections", &M::corrections, "measured / predicted time of calibrated calls"},
+  };
+  return fields;
+}
+
 bool isSupported(Collective collective, Algorithm algorithm, const GroupShape& shape,
                  std::string* reason) {
   checkEnums(collective, algorithm);
@@ -708,7 +746,7 @@ double correctionFactor(const MachineProfile& profile, Collective collective,
                         bool inPlace, size_t nbytes) {
   checkEnums(collective, algorithm);
   checkShape(shape);
-  checkProfile(profile);
+  checkProfileFields(profile);
   return factorFor(profile, collective, algorithm, shape, dtype, inPlace, nbytes);
 }
 
@@ -717,7 +755,7 @@ std::vector<Prediction> candidates(Collective collective, size_t nbytes, DataTyp
                                    bool inPlace) {
   checkEnums(collective, Algorithm::kFlat);
   checkShape(shape);
-  checkProfile(profile);
+  checkProfileFields(profile);
   const Links links = makeLinks(collective, nbytes, shape, dtype, profile);
   std::vector<Prediction> out;
   out.reserve(kNumAlgorithms - 1);
@@ -762,7 +800,7 @@ double predict(Collective collective, Algorithm algorithm, size_t nbytes, DataTy
                const GroupShape& shape, const MachineProfile& profile, bool inPlace) {
   checkEnums(collective, algorithm);
   checkShape(shape);
-  checkProfile(profile);
+  checkProfileFields(profile);
   if (algorithm == Algorithm::kAuto) {
     algorithm = choose(collective, nbytes, dtype, shape, profile, inPlace);
   }
@@ -774,7 +812,7 @@ double predict(Collective collective, Algorithm algorithm, size_t nbytes, DataTy
 }
 
 double memoryTimeScale(const MachineProfile& profile, double nodeWorkingSetBytes) {
-  checkProfile(profile);
+  checkProfileFields(profile);
   if (!(nodeWorkingSetBytes >= 0)) {
     std::ostringstream os;
     os << "nodeWorkingSetBytes: expected >= 0 bytes; found " << nodeWorkingSetBytes;

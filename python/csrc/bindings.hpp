@@ -3,11 +3,17 @@
 
 #include <pybind11/pybind11.h>
 
+#include "fourd/topology.hpp"
+
 namespace fourd_py {
 
 void register_errors(pybind11::module_& m);
+void register_vocabulary(pybind11::module_& m);  // vocabulary.cpp: names, ProcessGrid, Topology
 void register_grid(pybind11::module_& m);
 void register_cuda(pybind11::module_& m);  // cuda.cpp: adds nothing without FOURD_HAVE_CUDA
+
+/// A GroupTopology as a dict (size, num_nodes, k, uniform, node_index, local_index, ...).
+pybind11::dict topologyDict(const fourd::GroupTopology& t);
 
 }  // namespace fourd_py
 

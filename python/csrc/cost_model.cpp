@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <variant>
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -24,24 +26,6 @@ using fourd::MachineProfile;
 using fourd::Prediction;
 
 namespace {
-
-std::string profileRepr(const MachineProfile& p) {
-  std::ostringstream os;
-  os << "MachineProfile(name='" << p.name << "', ranks_per_node=" << p.ranksPerNode
-     << ", intra_alpha=" << p.intraAlpha << ", intra_bw=" << p.intraBw
-     << ", inter_alpha=" << p.interAlpha << ", nic_bw=" << p.nicBw
-     << ", nics_per_node=" << p.nicsPerNode << ", reduce_bw=" << p.reduceBw
-     << ", memcpy_bw=" << p.memcpyBw << ", flat_efficiency=" << p.flatEfficiency
-     << ", flat_efficiency_16=" << p.flatEfficiency16
-     << ", compute_flops=" << p.computeFlops << ", memory_bytes=" << p.memoryBytes
-     << ", intra_mesh=" << (p.intraMesh ? "True" : "False")
-     << ", hierarchical_chunks=" << p.hierarchicalChunks << ", shm_bw=" << p.shmBw
-     << ", reduce_bw_16=" << p.reduceBw16 << ", shm_reduce_bw_16=" << p.shmReduceBw16
-     << ", cache_bytes=" << p.cacheBytes
-     << ", cache_bw_gain=" << p.cacheBwGain << ", corrections=<" << p.corrections.size()
-     << " points>)";
-  return os.str();
-}
 
 py::dict correctionToDict(const fourd::Correction& c) {
   py::dict d;
@@ -141,85 +125,121 @@ double reduceKernelSeconds(const std::string& dtypeName, long long nbytes, int i
   return best;
 }
 
+// Reads field `f` of `p` as a Python object.
+py::object getField(const MachineProfile& p, const fourd::ProfileField& f) {
+  return std::visit(
+      [&](auto member) -> py::object {
+        using T = std::decay_t<decltype(p.*member)>;
+        if constexpr (std::is_same_v<T, std::vector<fourd::Correction>>) {
+          return correctionsTo(p);
+        } else {
+          return py::cast(p.*member);
+        }
+      },
+      f.member);
+}
+
+// Sets field `f` of `p` from a Python object; InvalidArgument names the field on a bad value.
+void setField(MachineProfile& p, const fourd::ProfileField& f, const py::handle& v) {
+  std::visit(
+      [&](auto member) {
+        using T = std::decay_t<decltype(p.*member)>;
+        if constexpr (std::is_same_v<T, std::vector<fourd::Correction>>) {
+          p.*member = correctionsFrom(py::reinterpret_borrow<py::object>(v));
+        } else {
+          const bool numberForString = std::is_same_v<T, std::string> && !py::isinstance<py::str>(v);
+          const bool badBool = std::is_same_v<T, bool> && !py::isinstance<py::bool_>(v) &&
+                               !py::isinstance<py::int_>(v);
+          const bool stringForNumber = !std::is_same_v<T, std::string> && py::isinstance<py::str>(v);
+          if (numberForString || badBool || stringForNumber) {
+            throw fourd::InvalidArgument(std::string("profile.") + f.name + ": expected " +
+                                         (std::is_same_v<T, std::string> ? "a string"
+                                          : std::is_same_v<T, bool>      ? "a bool"
+                                                                         : "a number") +
+                                         ", found " + py::repr(v).cast<std::string>());
+          }
+          try {
+            p.*member = v.cast<T>();
+          } catch (const py::cast_error&) {
+            throw fourd::InvalidArgument(std::string("profile.") + f.name + ": cannot use " +
+                                         py::repr(v).cast<std::string>());
+          }
+        }
+      },
+      f.member);
+}
+
+const fourd::ProfileField& fieldNamed(const std::string& name) {
+  for (const auto& f : fourd::profileFields())
+    if (name == f.name) return f;
+  std::string known;
+  for (const auto& f : fourd::profileFields()) known += std::string(known.empty() ? "" : ", ") + f.name;
+  throw fourd::InvalidArgument("profile: unknown field '" + name + "'; expected one of " + known);
+}
+
+std::string profileRepr(const MachineProfile& p) {
+  std::ostringstream os;
+  os << "MachineProfile(";
+  bool first = true;
+  for (const auto& f : fourd::profileFields()) {
+    os << (first ? "" : ", ") << f.name << "=";
+    first = false;
+    if (std::holds_alternative<std::vector<fourd::Correction> MachineProfile::*>(f.member)) {
+      os << "<" << p.corrections.size() << " points>";
+    } else {
+      os << py::repr(getField(p, f)).cast<std::string>();
+    }
+  }
+  os << ")";
+  return os.str();
+}
+
+// MachineProfile, its properties and constructor made from fourd::profileFields().
+void bindProfile(py::module_& m) {
+  auto cls = py::class_<MachineProfile>(
+      m, "MachineProfile",
+      "Costs of one machine for the alpha-beta-gamma model. Seconds and bytes per second "
+      "(1e9 = 1 GB/s). MachineProfile(**fields); FIELDS lists the fields.");
+  cls.def(py::init([](const py::kwargs& kw) {
+            MachineProfile p;
+            for (auto item : kw) setField(p, fieldNamed(py::str(item.first)), item.second);
+            return p;
+          }),
+          "A profile with the defaults, and the keyword fields given set.");
+  py::list names;
+  for (const auto& f : fourd::profileFields()) {
+    names.append(f.name);
+    const fourd::ProfileField* fp = &f;
+    cls.def_property(
+        f.name, [fp](const MachineProfile& p) { return getField(p, *fp); },
+        [fp](MachineProfile& p, const py::object& v) { setField(p, *fp, v); }, f.doc);
+  }
+  cls.attr("FIELDS") = py::tuple(names);
+  cls.def("to_dict", [](const MachineProfile& p) {
+    py::dict d;
+    for (const auto& f : fourd::profileFields()) d[f.name] = getField(p, f);
+    return d;
+  }, "Every field as a plain dict (corrections as a list of dicts).");
+  cls.def("check", &fourd::checkProfile,
+          "Raises InvalidArgumentError naming the first field out of its range.");
+  cls.def("node_injection_bw", &MachineProfile::nodeInjectionBw, "nic_bw * nics_per_node, B/s");
+  cls.def("__repr__", &profileRepr);
+  cls.def(py::pickle([](const MachineProfile& p) {
+    py::dict d;
+    for (const auto& f : fourd::profileFields()) d[f.name] = getField(p, f);
+    return d;
+  }, [](const py::dict& d) {
+    MachineProfile p;
+    for (auto item : d) setField(p, fieldNamed(py::str(item.first)), item.second);
+    return p;
+  }));
+}
+
 }  // namespace
 
 void register_cost_model(py::module_& m) {
-  const MachineProfile d;  // defaults for the keyword constructor
 
-  py::class_<MachineProfile>(m, "MachineProfile",
-                             "Costs of one machine for the alpha-beta-gamma model. Seconds and "
-                             "bytes per second (1e9 = 1 GB/s).")
-      .def(py::init([](std::string name, int ranksPerNode, double intraAlpha, double intraBw,
-                       double interAlpha, double nicBw, int nicsPerNode, double reduceBw,
-                       double memcpyBw, double flatEfficiency, double computeFlops,
-                       double memoryBytes, bool intraMesh, int hierarchicalChunks,
-                       double shmBw, double reduceBw16, double shmReduceBw16,
-                       double flatEfficiency16, double cacheBytes, double cacheBwGain,
-                       const py::object& corrections) {
-             MachineProfile p;
-             p.name = std::move(name);
-             p.ranksPerNode = ranksPerNode;
-             p.intraAlpha = intraAlpha;
-             p.intraBw = intraBw;
-             p.interAlpha = interAlpha;
-             p.nicBw = nicBw;
-             p.nicsPerNode = nicsPerNode;
-             p.reduceBw = reduceBw;
-             p.memcpyBw = memcpyBw;
-             p.flatEfficiency = flatEfficiency;
-             p.computeFlops = computeFlops;
-             p.memoryBytes = memoryBytes;
-             p.intraMesh = intraMesh;
-             p.hierarchicalChunks = hierarchicalChunks;
-             p.shmBw = shmBw;
-             p.reduceBw16 = reduceBw16;
-             p.shmReduceBw16 = shmReduceBw16;
-             p.flatEfficiency16 = flatEfficiency16;
-             p.cacheBytes = cacheBytes;
-             p.cacheBwGain = cacheBwGain;
-             p.corrections = correctionsFrom(corrections);
-             return p;
-           }),
-           py::kw_only(), py::arg("name") = d.name, py::arg("ranks_per_node") = d.ranksPerNode,
-           py::arg("intra_alpha") = d.intraAlpha, py::arg("intra_bw") = d.intraBw,
-           py::arg("inter_alpha") = d.interAlpha, py::arg("nic_bw") = d.nicBw,
-           py::arg("nics_per_node") = d.nicsPerNode, py::arg("reduce_bw") = d.reduceBw,
-           py::arg("memcpy_bw") = d.memcpyBw, py::arg("flat_efficiency") = d.flatEfficiency,
-           py::arg("compute_flops") = d.computeFlops, py::arg("memory_bytes") = d.memoryBytes,
-           py::arg("intra_mesh") = d.intraMesh,
-           py::arg("hierarchical_chunks") = d.hierarchicalChunks, py::arg("shm_bw") = d.shmBw,
-           py::arg("reduce_bw_16") = d.reduceBw16, py::arg("shm_reduce_bw_16") = d.shmReduceBw16,
-           py::arg("flat_efficiency_16") = d.flatEfficiency16,
-           py::arg("cache_bytes") = d.cacheBytes,
-           py::arg("cache_bw_gain") = d.cacheBwGain, py::arg("corrections") = py::list())
-      .def_readwrite("name", &MachineProfile::name)
-      .def_readwrite("ranks_per_node", &MachineProfile::ranksPerNode)
-      .def_readwrite("intra_alpha", &MachineProfile::intraAlpha)
-      .def_readwrite("intra_bw", &MachineProfile::intraBw)
-      .def_readwrite("inter_alpha", &MachineProfile::interAlpha)
-      .def_readwrite("nic_bw", &MachineProfile::nicBw)
-      .def_readwrite("nics_per_node", &MachineProfile::nicsPerNode)
-      .def_readwrite("reduce_bw", &MachineProfile::reduceBw)
-      .def_readwrite("memcpy_bw", &MachineProfile::memcpyBw)
-      .def_readwrite("flat_efficiency", &MachineProfile::flatEfficiency)
-      .def_readwrite("compute_flops", &MachineProfile::computeFlops)
-      .def_readwrite("memory_bytes", &MachineProfile::memoryBytes)
-      .def_readwrite("intra_mesh", &MachineProfile::intraMesh)
-      .def_readwrite("hierarchical_chunks", &MachineProfile::hierarchicalChunks)
-      .def_readwrite("shm_bw", &MachineProfile::shmBw)
-      .def_readwrite("reduce_bw_16", &MachineProfile::reduceBw16)
-      .def_readwrite("shm_reduce_bw_16", &MachineProfile::shmReduceBw16)
-      .def_readwrite("flat_efficiency_16", &MachineProfile::flatEfficiency16)
-      .def_readwrite("cache_bytes", &MachineProfile::cacheBytes)
-      .def_readwrite("cache_bw_gain", &MachineProfile::cacheBwGain)
-      .def_property(
-          "corrections", &correctionsTo,
-          [](MachineProfile& p, const py::object& seq) { p.corrections = correctionsFrom(seq); },
-          "Measured corrections of the model: a list of dicts (collective, algorithm, "
-          "group_size, nodes, half16, in_place, nbytes, factor = measured / predicted).")
-      .def("node_injection_bw", &MachineProfile::nodeInjectionBw,
-           "nic_bw * nics_per_node, bytes/s")
-      .def("__repr__", &profileRepr);
+  bindProfile(m);
 
   py::class_<GroupShape>(m, "GroupShape",
                          "How a group is placed: `size` ranks on `nodes` nodes, "

@@ -10,6 +10,9 @@
 #include "fourd/error.hpp"
 #include "fourd/grid.hpp"
 #include "internal/op_context.hpp"
+#ifdef FOURD_HAVE_CUDA
+#include "internal/cuda_path.hpp"
+#endif
 
 namespace py = pybind11;
 using fourd::Buffer;
@@ -81,6 +84,17 @@ Buffer buf(uintptr_t ptr, size_t count, int dtype, int device, int deviceIndex) 
                 static_cast<DeviceType>(device), deviceIndex);
 }
 
+// CUDA buffers: the operation is ordered after `stream` (internal/cuda_path.hpp).
+void useStream(int device, uintptr_t stream) {
+#ifdef FOURD_HAVE_CUDA
+  if (device == static_cast<int>(DeviceType::kCuda))
+    fourd::detail::setCallerStream(reinterpret_cast<void*>(stream));
+#else
+  (void)device;
+  (void)stream;
+#endif
+}
+
 CallOptions opts(int algorithm, double timeout, bool async, bool acc32) {
   CallOptions o;
   o.algorithm = static_cast<fourd::Algorithm>(algorithm);
@@ -127,18 +141,6 @@ void waitWork(Work& w, py::object timeout) {
   if (auto e = w.error()) std::rethrow_exception(e);
 }
 
-py::dict topologyDict(const fourd::GroupTopology& t) {
-  py::dict d;
-  d["size"] = t.size;
-  d["num_nodes"] = t.numNodes;
-  d["ranks_per_node"] = t.ranksPerNode;
-  d["node_index"] = t.nodeIndex;
-  d["local_index"] = t.localIndex;
-  d["uniform"] = t.uniform;
-  d["k"] = t.k;
-  d["description"] = t.describe();
-  return d;
-}
 
 // fourd's dtype code of a buffer-protocol view (fourd::DataType), or -1.
 int bufferDtype(const Py_buffer& view) {
@@ -229,10 +231,26 @@ void register_grid(py::module_& m) {
       .def_property_readonly("poison_reason", &Communicator::poisonReason)
       .def("all_reduce",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev, int devIdx,
-              int op, int algorithm, double timeout, bool async, bool acc32, py::object keep) {
+              uintptr_t stream, int op, int algorithm, double timeout, bool async, bool acc32,
+              py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, acc32);
              auto w = released([&] {
+               useStream(dev, stream);
                return c.allReduce(buf(in, count, dtype, dev, devIdx), buf(out, count, dtype, dev, devIdx),
+                                  static_cast<fourd::ReduceOp>(op), o);
+             });
+             return finish(std::move(w), async, std::move(keep));
+           })
+      .def("all_reduce_into",
+           // Out of place: the counts are checked by the core (they must be equal).
+           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
+              int dev, int devIdx, uintptr_t stream, int op, int algorithm, double timeout, bool async,
+              bool acc32, py::object keep) {
+             const CallOptions o = opts(algorithm, timeout, async, acc32);
+             auto w = released([&] {
+               useStream(dev, stream);
+               return c.allReduce(buf(in, inCount, dtype, dev, devIdx),
+                                  buf(out, outCount, dtype, dev, devIdx),
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return finish(std::move(w), async, std::move(keep));
@@ -265,29 +283,35 @@ void register_grid(py::module_& m) {
            })
       .def("all_gather",
            [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
-              int dev, int devIdx, int algorithm, double timeout, bool async, py::object keep) {
+              int dev, int devIdx, uintptr_t stream, int algorithm, double timeout, bool async,
+              py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, false);
              auto w = released([&] {
+               useStream(dev, stream);
                return c.allGather(buf(in, inCount, dtype, dev, devIdx), buf(out, outCount, dtype, dev, devIdx), o);
              });
              return finish(std::move(w), async, std::move(keep));
            })
       .def("reduce_scatter",
            [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
-              int dev, int devIdx, int op, int algorithm, double timeout, bool async, bool acc32,
-              py::object keep) {
+              int dev, int devIdx, uintptr_t stream, int op, int algorithm, double timeout, bool async,
+              bool acc32, py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, acc32);
              auto w = released([&] {
+               useStream(dev, stream);
                return c.reduceScatter(buf(in, inCount, dtype, dev, devIdx), buf(out, outCount, dtype, dev, devIdx),
                                       static_cast<fourd::ReduceOp>(op), o);
              });
              return finish(std::move(w), async, std::move(keep));
            })
       .def("broadcast",
-           [](Communicator& c, uintptr_t p, size_t count, int dtype, int dev, int devIdx, int root,
-              double timeout, bool async, py::object keep) {
+           [](Communicator& c, uintptr_t p, size_t count, int dtype, int dev, int devIdx,
+              uintptr_t stream, int root, double timeout, bool async, py::object keep) {
              const CallOptions o = opts(0, timeout, async, false);
-             auto w = released([&] { return c.broadcast(buf(p, count, dtype, dev, devIdx), root, o); });
+             auto w = released([&] {
+               useStream(dev, stream);
+               return c.broadcast(buf(p, count, dtype, dev, devIdx), root, o);
+             });
              return finish(std::move(w), async, std::move(keep));
            })
       .def("barrier",

@@ -7,6 +7,7 @@
 PYBIND11_MODULE(_C, m) {
   m.doc() = "fourd native core (private; use the fourd package)";
   fourd_py::register_errors(m);
+  fourd_py::register_vocabulary(m);
   fourd_py::register_grid(m);
   register_cost_model(m);
   fourd_py::register_cuda(m);

@@ -22,10 +22,15 @@ from .errors import (
     TimeoutError,
     _NATIVE_CLASSES,
 )
+from ._tensor import Buffer
 from .grid import Grid, finalize, get_grid, init, is_initialized
 from . import grid as _grid
 
 _C.set_error_classes(_NATIVE_CLASSES)
+
+from .calibration import apply as _apply_profile  # noqa: E402
+
+_grid._init_hooks.append(_apply_profile)
 
 Work = _C.Work
 __version__ = _C.__version__
@@ -36,9 +41,10 @@ def _g(grid):
     return _grid.get_grid() if grid is None else grid
 
 
-def all_reduce(tensor, axis="world", op="sum", *, grid=None, algorithm="auto", async_op=False,
-               timeout=None, accumulate_fp32=False):
-    """Reduce `tensor` in place over my group along `axis` (torch's all_reduce).
+def all_reduce(tensor, axis="world", op="sum", *, output=None, grid=None, algorithm="auto",
+               async_op=False, timeout=None, accumulate_fp32=False):
+    """Reduce `tensor` over my group along `axis` (torch's all_reduce): in place, or into
+    `output` (same count and dtype, not overlapping `tensor`) when given.
 
     axis: "x", "y", "z", "data", "world", or a tuple of axis names (their combined group).
     op: "sum", "prod", "min", "max", "avg" (floating types). algorithm: "auto", "flat", "ring",
@@ -48,8 +54,8 @@ def all_reduce(tensor, axis="world", op="sum", *, grid=None, algorithm="auto", a
     g = _grid._current if grid is None else grid
     if g is None:
         g = _grid.get_grid()  # raises: no grid yet, or finalized
-    return g.all_reduce(tensor, axis, op, algorithm=algorithm, async_op=async_op, timeout=timeout,
-                        accumulate_fp32=accumulate_fp32)
+    return g.all_reduce(tensor, axis, op, output=output, algorithm=algorithm, async_op=async_op,
+                        timeout=timeout, accumulate_fp32=accumulate_fp32)
 
 
 def all_gather(output, input, axis="world", *, grid=None, algorithm="auto", async_op=False,
@@ -130,6 +136,7 @@ _atexit.register(_at_exit)
 __all__ = [
     "AbortedError",
     "BackendError",
+    "Buffer",
     "DTypeError",
     "Error",
     "Grid",

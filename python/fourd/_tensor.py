@@ -1,7 +1,9 @@
-"""Turning torch tensors and numpy arrays into (address, element count, dtype code, device).
+"""Turning torch tensors, numpy arrays and :class:`Buffer` views into (address, element count,
+dtype code, device, device index, stream).
 
 No copies: the native core works on the caller's memory. torch is optional: it is only looked
-at when the caller passes a tensor.
+at when the caller passes a tensor. The dtype names and codes are the native core's
+(``fourd._C.DTYPES``, in code order); nothing here repeats them.
 """
 
 from __future__ import annotations
@@ -10,26 +12,25 @@ import sys
 
 import numpy as np
 
+from . import _C
 from ._C import buffer_info as _buffer_info
 from .errors import DTypeError, InvalidArgumentError
 
-# Codes of fourd::DataType (cpp/include/fourd/data_type.hpp).
-FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT8, UINT8, INT32, INT64 = range(8)
-DTYPE_NAMES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
-ITEMSIZE = [4, 8, 2, 2, 1, 1, 4, 8]
+DTYPES = _C.DTYPES  # names in code order (fourd::DataType)
+CODES = {name: code for code, name in enumerate(DTYPES)}
+ITEMSIZE = dict(zip(DTYPES, _C.DTYPE_SIZES))
 
-_NUMPY_CODES = {
-    np.dtype(np.float32): FLOAT32,
-    np.dtype(np.float64): FLOAT64,
-    np.dtype(np.float16): FLOAT16,
-    np.dtype(np.int8): INT8,
-    np.dtype(np.uint8): UINT8,
-    np.dtype(np.int32): INT32,
-    np.dtype(np.int64): INT64,
-}
+# numpy knows every fourd dtype but bfloat16 (its bit pattern travels as uint16 in a Buffer).
+_NUMPY_CODES = {}
+for _name, _code in CODES.items():
+    try:
+        _NUMPY_CODES[np.dtype(_name)] = _code
+    except TypeError:
+        pass
 
 _torch = None
 _TORCH_CODES: dict = {}
+_DEVICES = {"cpu": 0, "cuda": 1}
 
 
 def _torch_module():
@@ -39,18 +40,7 @@ def _torch_module():
         t = sys.modules.get("torch")
         if t is not None:
             _torch = t
-            _TORCH_CODES.update(
-                {
-                    t.float32: FLOAT32,
-                    t.float64: FLOAT64,
-                    t.float16: FLOAT16,
-                    t.bfloat16: BFLOAT16,
-                    t.int8: INT8,
-                    t.uint8: UINT8,
-                    t.int32: INT32,
-                    t.int64: INT64,
-                }
-            )
+            _TORCH_CODES.update({getattr(t, n): c for n, c in CODES.items() if hasattr(t, n)})
     return _torch
 
 
@@ -58,65 +48,122 @@ def _describe(obj) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
+class Buffer:
+    """A view of memory as fourd sees it: an address, an element count, a dtype, a device.
+
+    ``Buffer.of(obj, dtype)`` reinterprets a contiguous array or tensor as another dtype of the
+    same element size, such as a numpy ``uint16`` array as ``"bfloat16"`` (numpy has no
+    bfloat16); ``Buffer(address, count, dtype)`` wraps raw memory the caller owns. Every
+    collective accepts a Buffer wherever it accepts a tensor. The Buffer keeps `owner` alive;
+    raw addresses must stay valid until the call (or its Work) completes.
+    """
+
+    __slots__ = ("address", "count", "dtype", "device", "device_index", "owner", "stream")
+
+    def __init__(self, address: int, count: int, dtype: str, device: str = "cpu",
+                 device_index: int = 0, owner=None, stream: int = 0):
+        if dtype not in CODES:
+            raise DTypeError(f"dtype: expected one of {', '.join(DTYPES)}; found {dtype!r}")
+        if device not in _DEVICES:
+            raise InvalidArgumentError(f"device: expected 'cpu' or 'cuda', found {device!r}")
+        if not isinstance(count, int) or count < 0:
+            raise InvalidArgumentError(f"count: expected an element count >= 0, found {count!r}")
+        self.address = int(address)
+        self.count = count
+        self.dtype = dtype
+        self.device = device
+        self.device_index = int(device_index)
+        self.owner = owner
+        self.stream = int(stream)
+
+    @classmethod
+    def of(cls, obj, dtype: str | None = None, arg: str = "obj") -> "Buffer":
+        """A Buffer over a contiguous tensor or array; with `dtype`, its bytes read as that
+        dtype (the element size must match)."""
+        if dtype is not None and dtype not in CODES:
+            raise DTypeError(f"dtype: expected one of {', '.join(DTYPES)}; found {dtype!r}")
+        if dtype is not None and isinstance(obj, np.ndarray) and obj.dtype not in _NUMPY_CODES:
+            # A bit pattern numpy has no type for (bfloat16 as uint16): any same-size dtype.
+            if not obj.flags.c_contiguous:
+                raise InvalidArgumentError(f"{arg}: expected a C-contiguous array")
+            if obj.itemsize != ITEMSIZE[dtype]:
+                raise DTypeError(f"dtype: {dtype} elements are {ITEMSIZE[dtype]} bytes, {arg}'s "
+                                 f"{obj.dtype} elements {obj.itemsize}")
+            return cls(obj.__array_interface__["data"][0], obj.size, dtype, owner=obj)
+        p, n, code, dev, idx, stream = resolve(obj, arg, False)
+        name = DTYPES[code]
+        if dtype is not None and dtype != name:
+            if ITEMSIZE[dtype] != ITEMSIZE[name]:
+                raise DTypeError(f"dtype: {dtype} elements are {ITEMSIZE[dtype]} bytes, {arg}'s "
+                                 f"{name} elements {ITEMSIZE[name]}")
+            name = dtype
+        return cls(p, n, name, "cuda" if dev else "cpu", idx, owner=obj, stream=stream)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * ITEMSIZE[self.dtype]
+
+    def __repr__(self) -> str:
+        return (f"fourd.Buffer(0x{self.address:x}, count={self.count}, dtype='{self.dtype}', "
+                f"device='{self.device}:{self.device_index}')")
+
+
+def _numpy(obj: np.ndarray, arg: str, writable: bool):
+    code = _NUMPY_CODES.get(obj.dtype)
+    if code is None:
+        names = ", ".join(DTYPES[c] for c in _NUMPY_CODES.values())
+        raise DTypeError(f"{arg}: expected a numpy dtype among {names}; found {obj.dtype} (a "
+                         f"bfloat16 bit pattern: fourd.Buffer.of(array, 'bfloat16'))")
+    if not obj.flags.c_contiguous:
+        raise InvalidArgumentError(
+            f"{arg}: expected a C-contiguous array, found one with strides {obj.strides} "
+            f"(use np.ascontiguousarray)")
+    if writable and not obj.flags.writeable:
+        raise InvalidArgumentError(f"{arg}: expected a writable array, found a read-only one")
+    return obj.__array_interface__["data"][0], obj.size, code, 0, 0, 0
+
+
+def _tensor(torch, obj, arg: str, writable: bool):
+    code = _TORCH_CODES.get(obj.dtype)
+    if code is None:
+        raise DTypeError(f"{arg}: expected a torch dtype among {', '.join(DTYPES)}; found "
+                         f"{obj.dtype}")
+    if not obj.is_contiguous():
+        raise InvalidArgumentError(
+            f"{arg}: expected a contiguous tensor, found one with strides {tuple(obj.stride())} "
+            f"(call .contiguous())")
+    if writable and obj.requires_grad:
+        raise InvalidArgumentError(
+            f"{arg}: fourd would write into a tensor that requires grad; pass tensor.detach() "
+            f"or use fourd.tensor_parallel's autograd functions")
+    if obj.is_cpu:
+        return obj.data_ptr(), obj.numel(), code, 0, 0, 0
+    if obj.is_cuda:
+        idx = obj.get_device()
+        return obj.data_ptr(), obj.numel(), code, 1, idx, torch.cuda.current_stream(idx).cuda_stream
+    raise InvalidArgumentError(f"{arg}: expected a CPU or CUDA tensor, found device {obj.device}")
+
+
 def resolve(obj, arg: str, writable: bool):
-    """Returns (address, count, dtype_code, device_type, device_index) of a contiguous tensor or
-    array. `arg` names the argument in error messages; `writable` means fourd writes into it."""
+    """(address, count, dtype_code, device_type, device_index, stream) of a contiguous tensor,
+    array or Buffer. `arg` names the argument in error messages; `writable` means fourd writes
+    into it. For a CUDA tensor, `stream` is torch's current stream of its device (the
+    operation is ordered after it), else 0."""
     if type(obj) is np.ndarray:
         info = _buffer_info(obj, writable)
         if info is not None:
-            return info[0], info[1], info[2], 0, 0
+            return info[0], info[1], info[2], 0, 0, 0
     if isinstance(obj, np.ndarray):
-        code = _NUMPY_CODES.get(obj.dtype)
-        if code is None:
-            raise DTypeError(
-                f"{arg}: expected a numpy dtype among float32, float64, float16, int8, uint8, "
-                f"int32, int64; found {obj.dtype}"
-            )
-        if not obj.flags.c_contiguous:
-            raise InvalidArgumentError(
-                f"{arg}: expected a C-contiguous array, found one with strides {obj.strides} "
-                f"(use np.ascontiguousarray)"
-            )
-        if writable and not obj.flags.writeable:
-            raise InvalidArgumentError(f"{arg}: expected a writable array, found a read-only one")
-        return obj.__array_interface__["data"][0], obj.size, code, 0, 0
+        return _numpy(obj, arg, writable)
+    if isinstance(obj, Buffer):
+        return (obj.address, obj.count, CODES[obj.dtype], _DEVICES[obj.device], obj.device_index,
+                obj.stream)
     torch = _torch_module()
     if torch is not None and isinstance(obj, torch.Tensor):
-        code = _TORCH_CODES.get(obj.dtype)
-        if code is None:
-            raise DTypeError(
-                f"{arg}: expected a torch dtype among float32, float64, float16, bfloat16, int8, "
-                f"uint8, int32, int64; found {obj.dtype}"
-            )
-        if not obj.is_contiguous():
-            raise InvalidArgumentError(
-                f"{arg}: expected a contiguous tensor, found one with strides {tuple(obj.stride())} "
-                f"(call .contiguous())"
-            )
-        if writable and obj.requires_grad:
-            raise InvalidArgumentError(
-                f"{arg}: fourd would write into a tensor that requires grad; pass tensor.detach() "
-                f"or use fourd.tensor_parallel's autograd functions"
-            )
-        if obj.is_cpu:
-            return obj.data_ptr(), obj.numel(), code, 0, 0
-        if obj.is_cuda:
-            return obj.data_ptr(), obj.numel(), code, 1, obj.get_device()
-        raise InvalidArgumentError(f"{arg}: expected a CPU or CUDA tensor, found device {obj.device}")
-    raise DTypeError(f"{arg}: expected a torch.Tensor or numpy.ndarray, found {_describe(obj)}")
-
-
-def set_cuda_stream(device_index: int) -> None:
-    """Hands the current torch CUDA stream of `device_index` to the next collective issued from
-    this thread (CUDA tensors only: the operation is ordered after that stream's work, and the
-    stream waits for the operation's end)."""
-    from . import _C
-
-    setter = getattr(_C, "_cuda_set_stream", None)
-    torch = _torch_module()
-    if setter is not None and torch is not None:
-        setter(torch.cuda.current_stream(device_index).cuda_stream)
+        return _tensor(torch, obj, arg, writable)
+    raise DTypeError(f"{arg}: expected a torch.Tensor, numpy.ndarray or fourd.Buffer, found "
+                     f"{_describe(obj)}")
 
 
 def dtype_name(code: int) -> str:
-    return DTYPE_NAMES[code]
+    return DTYPES[code]

@@ -364,43 +364,47 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _raw_all_reduce(grid, axis, algorithm: str, src: np.ndarray, dst: np.ndarray, code: int):
+def _as_buffer(a: np.ndarray, dtype: str):
+    """`a` as fourd sees it: bfloat16 travels as numpy uint16 bits in a fourd.Buffer, so no
+    torch is needed (importing it would take longer than the whole calibration)."""
+    from ._tensor import Buffer
+
+    return Buffer.of(a, "bfloat16") if dtype == "bfloat16" else a
+
+
+def _raw_all_reduce(grid, axis, algorithm: str, src: np.ndarray, dst: np.ndarray, dtype: str):
     """A callable running one blocking sum all_reduce of `src` into `dst` (the same array: in
-    place) through the native communicator, with fourd's dtype `code`: bfloat16 travels as
-    numpy uint16 bits, so no torch is needed (importing it would take longer than the whole
-    calibration)."""
-    native, opc, algc = grid._plan_call(axis, "sum", algorithm)
-    a_in, a_out, count = _addr(src), _addr(dst), src.size
+    place) through the public API."""
+    s, d = _as_buffer(src, dtype), _as_buffer(dst, dtype)
+    out = None if src is dst else d
 
     def call():
-        native.all_reduce(a_in, a_out, count, code, 0, 0, opc, algc, 0.0, False, False, None)
+        grid.all_reduce(s, axis, "sum", output=out, algorithm=algorithm)
     return call
 
 
 def _raw_call(grid, axis, collective: str, algorithm: str, arena_in: np.ndarray,
-              arena_out: np.ndarray, count: int, np_dtype, code: int, in_place: bool):
+              arena_out: np.ndarray, count: int, np_dtype, dtype: str, in_place: bool):
     """A callable running one blocking collective of `count` elements (the nccl-tests S: the
     gathered output of all_gather, the input of reduce_scatter) on buffers carved from the two
     arenas, as fourd.bench places them in place and out of place."""
     src = arena_in[:count * np.dtype(np_dtype).itemsize].view(np_dtype)
     out = arena_out[:count * np.dtype(np_dtype).itemsize].view(np_dtype)
     if collective == "all_reduce":
-        return _raw_all_reduce(grid, axis, algorithm, src, src if in_place else out, code)
-    native, opc, algc = grid._plan_call(axis, "sum", algorithm)
+        return _raw_all_reduce(grid, axis, algorithm, src, src if in_place else out, dtype)
     blk = count // grid.size(axis)
     if collective == "all_gather":
         g = grid.rank(axis)
-        inp = out[g * blk:(g + 1) * blk] if in_place else src[:blk]
-        a_in, a_out = _addr(inp), _addr(out)
+        inp = _as_buffer(out[g * blk:(g + 1) * blk] if in_place else src[:blk], dtype)
+        o = _as_buffer(out, dtype)
 
         def call():
-            native.all_gather(a_in, blk, a_out, count, code, 0, 0, algc, 0.0, False, None)
+            grid.all_gather(o, inp, axis, algorithm=algorithm)
         return call
-    a_in, a_out = _addr(src), _addr(out)
+    i, o = _as_buffer(src, dtype), _as_buffer(out[:blk], dtype)
 
     def call():
-        native.reduce_scatter(a_in, count, a_out, blk, code, 0, 0, opc, algc, 0.0, False, False,
-                              None)
+        grid.reduce_scatter(o, i, axis, "sum", algorithm=algorithm)
     return call
 
 
@@ -410,12 +414,10 @@ def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "fl
     that no torch is needed (importing it would take longer than the whole calibration)."""
     from mpi4py import MPI
 
-    from ._tensor import BFLOAT16
-
     comm = grid.mpi_comm
     if dtype == "bfloat16":
         buf = np.full(_COLLECTIVE_BYTES // 2, _BF16_ONE, np.uint16)
-        once = _raw_all_reduce(grid, axis, algorithm, buf, buf, BFLOAT16)
+        once = _raw_all_reduce(grid, axis, algorithm, buf, buf, "bfloat16")
     else:
         buf = np.ones(_COLLECTIVE_BYTES // 4, np.float32)
 
@@ -496,7 +498,6 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
     next size (the others' last factor holds at the larger sizes). fourd's own algorithms are
     multiplied by `margin` (the library's are not)."""
     from . import _C
-    from ._tensor import BFLOAT16, FLOAT32
 
     comm = grid.mpi_comm
     shape = _shape(grid, axis)
@@ -506,7 +507,7 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
     others = [c for c in grid._native.profile.corrections
               if (c["group_size"], c["nodes"]) != (int(shape.size), int(shape.nodes))]
     prof = to_native({"corrections": others}, grid._native.profile)
-    types = {"float32": (FLOAT32, np.float32, 1.0), "bfloat16": (BFLOAT16, np.uint16, _BF16_ONE)}
+    types = {"float32": (np.float32, 1.0), "bfloat16": (np.uint16, _BF16_ONE)}
     out = []
     # Every size's buffers are carved from two arrays made (and written) once, at the largest
     # size, before the smallest is timed: arrays made just before their size was timed read
@@ -519,7 +520,7 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
         ex = grid.explain(collective, sizes[-1], axis)
         algs = [c["algorithm"] for c in ex["candidates"] if c["supported"]]
         for dtype in dtypes:
-            code, np_dtype, one = types[dtype]
+            np_dtype, one = types[dtype]
             item = np.dtype(np_dtype).itemsize
             active = list(algs)
             for size in sizes:
@@ -531,7 +532,7 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
                 nbytes = count * item
                 arena_in[:nbytes].view(np_dtype).fill(one)
                 calls = [(alg, in_place, _raw_call(grid, axis, collective, alg, arena_in,
-                                                   arena_out, count, np_dtype, code, in_place))
+                                                   arena_out, count, np_dtype, dtype, in_place))
                          for alg in active for in_place in placements]
                 large = nbytes >= _CORRECTION_LARGE
                 med = _median_rounds(comm, [c[2] for c in calls], large, rounds_large)

@@ -9,23 +9,20 @@ import threading
 import weakref
 
 from . import _C
-from ._tensor import DTYPE_NAMES, ITEMSIZE, resolve, set_cuda_stream
+from ._tensor import DTYPES, resolve
 from .errors import BackendError, InvalidArgumentError, NotInitializedError
 
-AXES = ("x", "y", "z", "data")
-_BIT = {"x": 1, "y": 2, "z": 4, "data": 8}
-WORLD_MASK = 15
-
-OPS = {"sum": 0, "prod": 1, "product": 1, "min": 2, "max": 3, "avg": 4, "mean": 4}
-ALGORITHMS = {"auto": 0, "flat": 1, "ring": 2, "rhd": 3, "hierarchical": 4, "shm": 5}
+AXES = _C.AXES  # ("x", "y", "z", "data"), the native core's names
+_BIT = {a: 1 << i for i, a in enumerate(AXES)}
+WORLD_MASK = _C.WORLD_MASK
 
 _mask_cache: dict = {}
 
 
 def axis_mask(axis) -> int:
     """Bit mask of an axis argument: "x", "y", "z", "data", "world", "z+data", a tuple of axis
-    names (their combined group; the tuple's own order does not matter), or a group object
-    with a ``mask`` attribute (fourd.parallel_state groups)."""
+    names (their combined group; the tuple's own order does not matter, a repeated name is an
+    error), or a group object with a ``mask`` attribute (fourd.parallel_state groups)."""
     try:
         return _mask_cache[axis]
     except (KeyError, TypeError):
@@ -33,21 +30,24 @@ def axis_mask(axis) -> int:
     m = getattr(axis, "mask", None)
     if isinstance(m, int) and not isinstance(axis, (str, tuple, list)):
         return m
-    names = None
-    if isinstance(axis, str):
-        names = ["x", "y", "z", "data"] if axis == "world" else axis.split("+")
-    elif isinstance(axis, (tuple, list, frozenset, set)):
-        names = list(axis)
-        if any(n == "world" for n in names):
-            names = list(AXES)
-    if not names or any(not isinstance(n, str) or n not in _BIT for n in names):
+    if isinstance(axis, (tuple, list, frozenset, set)) and axis and all(
+            isinstance(n, str) for n in axis):
+        text = "world" if "world" in axis else "+".join(axis)
+    elif isinstance(axis, str):
+        text = axis
+    else:
+        text = None
+    if text is None or not text:
         raise InvalidArgumentError(
             f"axis: expected 'x', 'y', 'z', 'data', 'world', or a tuple of those names such as "
-            f"('z', 'data'); found {axis!r}"
-        )
-    mask = 0
-    for n in names:
-        mask |= _BIT[n]
+            f"('z', 'data'); found {axis!r}")
+    try:
+        mask = _C.parse_axis(text, "axis")
+    except InvalidArgumentError as e:
+        if isinstance(axis, str):
+            raise
+        # Name the caller's own argument (a tuple), not the joined text parsed.
+        raise InvalidArgumentError(str(e).replace(f"'{text}'", repr(axis))) from None
     try:
         _mask_cache[axis] = mask
     except TypeError:
@@ -56,31 +56,25 @@ def axis_mask(axis) -> int:
 
 
 def mask_name(mask: int) -> str:
-    if mask == WORLD_MASK:
-        return "world"
-    return "+".join(a for a in AXES if mask & _BIT[a])
+    return _C.mask_name(mask)
 
 
 def _op_code(op) -> int:
-    if isinstance(op, str):
-        code = OPS.get(op.lower())
-        if code is not None:
-            return code
-    else:  # torch.distributed.ReduceOp and similar enums: match by name
-        name = str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
-        code = OPS.get(name)
-        if code is not None:
-            return code
-    raise InvalidArgumentError(f"op: expected one of 'sum', 'prod', 'min', 'max', 'avg'; found {op!r}")
+    if not isinstance(op, str):  # torch.distributed.ReduceOp and similar enums: by name
+        op = str(getattr(op, "name", op)).rsplit(".", 1)[-1]
+    return _C.parse_op(op, "op")
 
 
 def _algo_code(algorithm) -> int:
-    code = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
-    if code is None:
+    if not isinstance(algorithm, str):
         raise InvalidArgumentError(
-            f"algorithm: expected one of {', '.join(repr(a) for a in ALGORITHMS)}; found {algorithm!r}"
-        )
-    return code
+            f"algorithm: expected one of {', '.join(repr(a) for a in _C.ALGORITHMS)}; found "
+            f"{algorithm!r}")
+    return _C.parse_algorithm(algorithm, "algorithm")
+
+
+def _algo_name(code: int) -> str:
+    return _C.ALGORITHMS[code]
 
 
 def _timeout(timeout) -> float:
@@ -197,6 +191,30 @@ class Grid:
             for r in range(n.world_size)
         ]
 
+    def node_of(self, rank: int) -> int:
+        """Node index (0 .. num_nodes - 1) of a world rank, as the grid's topology places it."""
+        return self._native.node_of(rank)
+
+    def local_rank(self, rank: int) -> int:
+        """Index of a world rank among the ranks of its node."""
+        return self._native.local_rank(rank)
+
+    @property
+    def profile(self):
+        """A copy of the machine profile (``fourd._C.MachineProfile``) that `auto` prices
+        with."""
+        return self._native.profile
+
+    def set_profile(self, profile) -> None:
+        """Replace the machine profile: a ``MachineProfile`` or a dict of some of its fields
+        (the others keep their current values). Every rank must pass the same profile."""
+        if isinstance(profile, dict):
+            merged = self._native.profile.to_dict()
+            merged.update(profile)
+            profile = _C.MachineProfile(**merged)
+        self._calls.clear()
+        self._native.set_profile(profile)
+
     @property
     def num_nodes(self) -> int:
         return self._native.num_nodes
@@ -219,22 +237,27 @@ class Grid:
         return c
 
     # ---- collectives -----------------------------------------------------------------------
-    def all_reduce(self, tensor, axis="world", op="sum", *, algorithm="auto", async_op=False,
-                   timeout=None, accumulate_fp32=False):
-        """Reduce `tensor` in place over the group along `axis`."""
+    def all_reduce(self, tensor, axis="world", op="sum", *, output=None, algorithm="auto",
+                   async_op=False, timeout=None, accumulate_fp32=False):
+        """Reduce `tensor` over the group along `axis`: in place, or into `output` (same count
+        and dtype, not overlapping `tensor`) when given."""
         try:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
             comm, opc, algc = self._plan_call(axis, op, algorithm)
-        if not async_op and type(tensor) is np.ndarray and comm.all_reduce_array(
-                tensor, opc, algc, 0.0 if timeout is None else _timeout(timeout), accumulate_fp32):
-            return None  # the common blocking numpy call, in one native call
-        p, n, dt, dev, idx = resolve(tensor, "tensor", True)
-        if dev:
-            set_cuda_stream(idx)
-        return comm.all_reduce(p, p, n, dt, dev, idx, opc, algc,
-                               0.0 if timeout is None else _timeout(timeout), async_op,
-                               accumulate_fp32, tensor if async_op else None)
+        tmo = 0.0 if timeout is None else _timeout(timeout)
+        if output is None:
+            if not async_op and type(tensor) is np.ndarray and comm.all_reduce_array(
+                    tensor, opc, algc, tmo, accumulate_fp32):
+                return None  # the common blocking numpy call, in one native call
+            p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
+            return comm.all_reduce(p, p, n, dt, dev, idx, st, opc, algc, tmo, async_op,
+                                   accumulate_fp32, tensor if async_op else None)
+        ip, n, dt, dev, idx, st = resolve(tensor, "tensor", False)
+        op_, oc, odt, odev, _, _ = resolve(output, "output", True)
+        _check_pair(dt, odt, dev, odev)
+        return comm.all_reduce_into(ip, n, op_, oc, dt, dev, idx, st, opc, algc, tmo, async_op,
+                                    accumulate_fp32, (output, tensor) if async_op else None)
 
     def _plan_call(self, axis, op, algorithm):
         mask = axis_mask(axis)
@@ -253,12 +276,10 @@ class Grid:
             comm, _, algc = self._calls[(axis, "sum", algorithm)]
         except (KeyError, TypeError):
             comm, _, algc = self._plan_call(axis, "sum", algorithm)
-        ip, ic, idt, dev, idx = resolve(input, "input", False)
-        op_, oc, odt, odev, _ = resolve(output, "output", True)
+        ip, ic, idt, dev, idx, st = resolve(input, "input", False)
+        op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
-        if dev:
-            set_cuda_stream(idx)
-        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, algc,
+        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, st, algc,
                                0.0 if timeout is None else _timeout(timeout), async_op,
                                (output, input) if async_op else None)
 
@@ -269,12 +290,10 @@ class Grid:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
             comm, opc, algc = self._plan_call(axis, op, algorithm)
-        ip, ic, idt, dev, idx = resolve(input, "input", False)
-        op_, oc, odt, odev, _ = resolve(output, "output", True)
+        ip, ic, idt, dev, idx, st = resolve(input, "input", False)
+        op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
-        if dev:
-            set_cuda_stream(idx)
-        return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, opc, algc,
+        return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, st, opc, algc,
                                    0.0 if timeout is None else _timeout(timeout), async_op,
                                    accumulate_fp32, (output, input) if async_op else None)
 
@@ -283,10 +302,8 @@ class Grid:
         comm = self._comm(axis_mask(axis))
         if not isinstance(src, int) or isinstance(src, bool):
             raise InvalidArgumentError(f"src: expected a group rank (int), found {src!r}")
-        p, n, dt, dev, idx = resolve(tensor, "tensor", True)
-        if dev:
-            set_cuda_stream(idx)
-        return comm.broadcast(p, n, dt, dev, idx, src, _timeout(timeout), async_op,
+        p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
+        return comm.broadcast(p, n, dt, dev, idx, st, src, _timeout(timeout), async_op,
                               tensor if async_op else None)
 
     def barrier(self, axis="world", *, timeout=None):
@@ -302,7 +319,7 @@ class Grid:
         comm = self._comm(axis_mask(axis))
         rows = comm.explain(collective, int(nbytes), dtype, bool(in_place))
         code = self._axis_algorithms.get(axis_mask(axis))
-        planned = next(k for k, v in ALGORITHMS.items() if v == code) if code else None
+        planned = _algo_name(code) if code else None
         forced = planned or os.environ.get("FOURD_ALGORITHM") or None
         return {
             "collective": collective,
@@ -329,7 +346,7 @@ class Grid:
         mask = axis_mask(axis)
         code = self._axis_algorithms.get(mask)
         if code:
-            return next(k for k, v in ALGORITHMS.items() if v == code)
+            return _algo_name(code)
         forced = os.environ.get("FOURD_ALGORITHM")
         if forced:
             return forced
@@ -373,7 +390,7 @@ def _check_pair(idt, odt, dev, odev):
         from .errors import DTypeError
 
         raise DTypeError(
-            f"output: expected the input's dtype {DTYPE_NAMES[idt]}, found {DTYPE_NAMES[odt]}"
+            f"output: expected the input's dtype {DTYPES[idt]}, found {DTYPES[odt]}"
         )
     if dev != odev:
         raise InvalidArgumentError("output: expected the input's device, found another device")
@@ -393,6 +410,9 @@ def _default_timeout() -> float:
 
 
 _state = threading.local()
+# Called with the new Grid at the end of init(), before it becomes current. The layer above
+# (fourd/__init__.py) registers the profile policy here, so that grid.py imports nothing of it.
+_init_hooks: list = []
 _lock = threading.Lock()
 _current: Grid | None = None
 _all_grids: "weakref.WeakSet[Grid]" = weakref.WeakSet()
@@ -513,9 +533,8 @@ def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm
     for ax, algo in (getattr(plan, "algorithms", None) or {}).items():
         if algo not in (None, "-", "auto") and g.size(ax) > 1:
             g.set_axis_algorithm(ax, algo)
-    from . import calibration  # noqa: PLC0415 - the machine profile of `auto` (calibration.py)
-
-    calibration.apply(g)
+    for hook in _init_hooks:  # the machine profile of `auto` (registered by fourd/__init__.py)
+        hook(g)
     _select_cuda_device(native, g._rank)
     with _lock:
         _current = g

@@ -93,7 +93,7 @@ def test_nccl_is_linked():
 
 @pytest.mark.parametrize(("dtype", "op"), CASES)
 def test_reduce_matches_cpu_oracle(dtype, op):
-    from fourd._tensor import DTYPE_NAMES
+    from fourd._C import DTYPES as DTYPE_NAMES
 
     n, count = 3, 10007
     host = [_data(dtype, op, count, seed) for seed in range(n)]
@@ -116,7 +116,7 @@ def test_reduce_matches_cpu_oracle(dtype, op):
 
 
 def test_reduce_in_place_on_a_side_stream():
-    from fourd._tensor import DTYPE_NAMES
+    from fourd._C import DTYPES as DTYPE_NAMES
 
     host = [_data("bfloat16", "sum", 4099, seed) for seed in range(4)]
     dev = [h.cuda() for h in host]
@@ -136,7 +136,7 @@ def test_reduce_in_place_on_a_side_stream():
 
 
 def test_avg_with_explicit_factor():
-    from fourd._tensor import DTYPE_NAMES
+    from fourd._C import DTYPES as DTYPE_NAMES
 
     host = [_data("float16", "avg", 1000, seed) for seed in range(2)]
     dev = [h.cuda() for h in host]
@@ -157,7 +157,7 @@ def test_avg_with_explicit_factor():
 
 def test_avg_on_integers():
     import fourd
-    from fourd._tensor import DTYPE_NAMES
+    from fourd._C import DTYPES as DTYPE_NAMES
 
     t = torch.zeros(4, dtype=torch.int32, device="cuda")
     with pytest.raises(fourd.InvalidArgumentError, match="avg"):

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "fourd/data_type.hpp"
@@ -14,6 +15,7 @@
 namespace fourd {
 
 enum class Collective : int { kAllReduce = 0, kAllGather = 1, kReduceScatter = 2, kBroadcast = 3 };
+inline constexpr int kNumCollectives = 4;
 
 /// Algorithms selectable with `algorithm=`. Numeric values cross the Python binding.
 enum class Algorithm : int {
@@ -100,6 +102,23 @@ struct MachineProfile {
 
   double nodeInjectionBw() const noexcept { return nicBw * nicsPerNode; }
 };
+
+/// One field of MachineProfile: its snake_case name (the name in profile files and in Python),
+/// the member it stands for, and what it means. profileFields() lists every field once, in
+/// declaration order; the Python binding and profile files are made from that list.
+struct ProfileField {
+  using Member = std::variant<std::string MachineProfile::*, int MachineProfile::*,
+                              double MachineProfile::*, bool MachineProfile::*,
+                              std::vector<Correction> MachineProfile::*>;
+  const char* name;
+  Member member;
+  const char* doc;
+};
+const std::vector<ProfileField>& profileFields();
+
+/// Throws InvalidArgument naming the first field of `profile` out of its range (negative or
+/// NaN figures, zero chunks, a correction that names no algorithm, ...).
+void checkProfile(const MachineProfile& profile);
 
 /// Time multiplier (in (0, 1]) of the memory-bound terms when the ranks of one node together
 /// touch `nodeWorkingSetBytes`: 1 - f (1 - 1/cacheBwGain) with f = min(1, cacheBytes / W) the

@@ -10,6 +10,10 @@ namespace fourd::detail {
 
 using Clock = std::chrono::steady_clock;
 
+/// `start` + `seconds`, saturating: an infinite or huge timeout gives a deadline that never
+/// passes (instead of overflowing the clock's integer representation).
+Clock::time_point deadlineAfter(Clock::time_point start, double seconds) noexcept;
+
 /// One operation in flight. Built by Communicator when the operation starts running.
 struct OpContext {
   std::string op;                 ///< "all_reduce", "all_gather", ...

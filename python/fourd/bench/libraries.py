@@ -142,23 +142,17 @@ class FourdImpl(Impl):
 
     def make_call(self, axis, bufs, in_place, op):
         import fourd
-        from fourd import grid as fgrid
-        from fourd._tensor import resolve
 
         g = self.group_rank(axis)
         inp, res = _views(bufs, in_place, g)
         a, grid, t, name = self.algorithm, self.grid, self.timeout, axis.name
         c = bufs.collective
         if c == "all_reduce" and not in_place:
-            # The Python API's all_reduce is in place; the communicator takes separate send and
-            # receive buffers, which is what out-of-place means in nccl-tests.
-            comm = grid.communicator(name)
-            sp, n, dt, dev, idx = resolve(self._obj(inp, bufs), "input", False)
-            rp = resolve(self._obj(res, bufs), "output", True)[0]
-            opc, algc, tmo = fgrid._op_code(op), fgrid._algo_code(a), fgrid._timeout(t)
+            # Separate send and receive buffers: what out-of-place means in nccl-tests.
+            i, o = self._obj(inp, bufs), self._obj(res, bufs)
 
             def call():
-                comm.all_reduce(sp, rp, n, dt, dev, idx, opc, algc, tmo, False, False, None)
+                fourd.all_reduce(i, name, op, output=o, grid=grid, algorithm=a, timeout=t)
         elif c == "all_reduce":
             obj = self._obj(res, bufs)
 

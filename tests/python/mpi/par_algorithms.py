@@ -145,14 +145,8 @@ def run_one(g, algo, coll, axis, dt, op, count, inplace, what):
 
 
 def _native_all_reduce(g, src, dst, axis, op, algo):
-    from fourd._tensor import resolve
-    from fourd.grid import _algo_code, _op_code
-
-    comm = g.communicator(axis)
-    ip, n, dt, dev, idx = resolve(src, "input", False)
-    op_, _, _, _, _ = resolve(dst, "output", True)
-    comm.all_reduce(ip, op_, n, dt, dev, idx, _op_code(op), _algo_code(algo), 0.0, False, False,
-                    None)
+    """Out of place: src reduced into dst."""
+    fourd.all_reduce(src, axis, op, output=dst, grid=g, algorithm=algo)
 
 
 def cases():
@@ -307,7 +301,6 @@ def test_calibration_axes_raw_calls_and_spanning_points():
     """The calibration's three axes (one node, rails, both levels), the raw calls it times
     (exact, both placements), and points measured across nodes carrying the group's shape."""
     from fourd import calibration as cal
-    from fourd._tensor import FLOAT32
 
     if N % 2:
         return
@@ -331,7 +324,7 @@ def test_calibration_axes_raw_calls_and_spanning_points():
                 src[:] = mine
                 if coll == "all_gather" and in_place:
                     out[r * 5:(r + 1) * 5] = mine[:5]
-                cal._raw_call(g, axis, coll, algo, a_in, a_out, count, np.float32, FLOAT32,
+                cal._raw_call(g, axis, coll, algo, a_in, a_out, count, np.float32, "float32",
                               in_place)()
                 what = f"raw {coll} {algo} {axis} in_place={in_place}"
                 if coll == "all_reduce":
