@@ -24,7 +24,7 @@ DataType parseDataType(const std::string& name, const char* argName) {
   if (n == "float64" || n == "double" || n == "f64" || n == "fp64") return DataType::kFloat64;
   if (n == "float16" || n == "half" || n == "f16" || n == "fp16") return DataType::kFloat16;
   if (n == "bfloat16" || n == "bf16") return DataType::kBFloat16;
-  if (n == "int8") return DataType::kInt8;
+  if (n == "int8" || n == "char") return DataType::kInt8;
   if (n == "uint8" || n == "byte") return DataType::kUInt8;
   if (n == "int32" || n == "int") return DataType::kInt32;
   if (n == "int64" || n == "long") return DataType::kInt64;

@@ -95,8 +95,8 @@ size_t Executor::inFlight() {
 
 bool Executor::drain(double timeoutSeconds) {
   std::unique_lock<std::mutex> lk(mu_);
-  const bool idle = idleCv_.wait_for(lk, std::chrono::duration<double>(timeoutSeconds),
-                                     [&] { return queue_.empty() && !busy_; });
+  const bool idle = idleCv_.wait_until(lk, deadlineAfter(Clock::now(), timeoutSeconds),
+                                       [&] { return queue_.empty() && !busy_; });
   if (!idle) return false;  // still running: the owner decides (Grid leaks the communicator)
   stop_ = true;
   cv_.notify_all();

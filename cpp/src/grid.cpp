@@ -13,6 +13,7 @@
 
 #include "fourd/error.hpp"
 #include "internal/comm_state.hpp"
+#include "internal/mpi_backend.hpp"
 
 namespace fourd {
 
@@ -31,8 +32,7 @@ OpContext initContext(double timeout, const std::vector<int>* ranks) {
   ctx.groupWorldRanks = ranks;
   ctx.timeoutSeconds = timeout;
   ctx.start = Clock::now();
-  ctx.deadline = ctx.start + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(timeout));
+  ctx.deadline = detail::deadlineAfter(ctx.start, timeout);
   return ctx;
 }
 
@@ -95,9 +95,128 @@ MachineProfile defaultProfile(int ranksPerNode) {
 
 }  // namespace
 
+namespace {
+
+// Every rank must ask for the same grid: compared before anything else can diverge, so a rank
+// with bad or different arguments makes every rank raise instead of leaving some waiting.
+void agreeOnConfig(const GridConfig& config, int worldRank, int worldSize, detail::Backend& world,
+                   OpContext& ctx) {
+  std::string err;
+  validated(config, worldSize, &err);
+  char mine[kFingerprintBytes] = {0};
+  std::snprintf(mine, sizeof(mine), "%s|%s", describeConfig(config).c_str(),
+                err.empty() ? "ok" : "invalid");
+  std::vector<char> all(kFingerprintBytes * worldSize);
+  world.allGatherBytes(mine, kFingerprintBytes, all.data(), ctx);
+  if (!err.empty()) throw InvalidArgument(err + " (on world rank " + std::to_string(worldRank) + ")");
+  std::vector<int> bad;
+  for (int r = 0; r < worldSize; ++r)
+    if (std::strncmp(&all[r * kFingerprintBytes], mine, kFingerprintBytes) != 0) bad.push_back(r);
+  if (bad.empty()) return;
+  std::ostringstream os;
+  os << "fourd.init: the ranks asked for different grids. This rank (world rank " << worldRank
+     << ") asked for " << describeConfig(config) << "; ";
+  for (size_t i = 0; i < bad.size() && i < 8; ++i) {
+    std::string theirs(&all[bad[i] * kFingerprintBytes]);
+    const bool invalid = theirs.size() > 8 && theirs.substr(theirs.size() - 8) == "|invalid";
+    os << (i ? "; " : "") << "world rank " << bad[i] << " asked for "
+       << theirs.substr(0, theirs.rfind('|')) << (invalid ? " (invalid there)" : "");
+  }
+  if (bad.size() > 8) os << "; ... (" << bad.size() << " ranks differ)";
+  throw MismatchError(os.str());
+}
+
+// How waits poll: more ranks on this machine than cores for them means yield at once.
+void setPolling(int ranksHere) {
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+  const char* poll = std::getenv("FOURD_POLL");
+  const std::string mode = poll ? poll : "auto";
+  if (mode == "spin") {
+    detail::setOversubscribed(false);
+  } else if (mode == "yield") {
+    detail::setOversubscribed(true);
+  } else if (mode == "auto" || mode.empty()) {
+    detail::setOversubscribed(cores > 0 && ranksHere > cores);
+  } else {
+    throw InvalidArgument("FOURD_POLL: expected spin, yield or auto, found '" + mode + "'");
+  }
+}
+
+// The node of every world rank: the leader (lowest world rank) of its shared-memory domain.
+std::vector<int> nodeOfRanks(int worldRank, int worldSize, detail::Backend& node,
+                             detail::Backend& world, OpContext& ctx) {
+  int32_t leader = worldRank;
+  node.broadcast(Buffer(&leader, 1, DataType::kInt32), 0, ctx);
+  std::vector<int32_t> nodeOf(worldSize);
+  world.allGather(Buffer(&leader, 1, DataType::kInt32),
+                  Buffer(nodeOf.data(), nodeOf.size(), DataType::kInt32), ctx);
+  return std::vector<int>(nodeOf.begin(), nodeOf.end());
+}
+
+std::vector<std::string> gatherHostNames(int worldSize, detail::Backend& world, OpContext& ctx) {
+  char host[MPI_MAX_PROCESSOR_NAME + 1] = {0};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  std::vector<char> hosts(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME + 1) * worldSize);
+  world.allGatherBytes(host, MPI_MAX_PROCESSOR_NAME + 1, hosts.data(), ctx);
+  std::vector<std::string> out;
+  for (int r = 0; r < worldSize; ++r) out.emplace_back(&hosts[(MPI_MAX_PROCESSOR_NAME + 1) * r]);
+  return out;
+}
+
+}  // namespace
+
 Grid::Grid(MPI_Comm parent, const GridConfig& config)
     : config_(config),
       grid_({1, 1, 1, 1}, {Axis::kX, Axis::kY, Axis::kZ, Axis::kData}) {
+  checkMpiReady();
+  int worldSize = 0;
+  checkMpi(MPI_Comm_size(parent, &worldSize), "MPI_Comm_size");
+  checkMpi(MPI_Comm_rank(parent, &worldRank_), "MPI_Comm_rank");
+  std::vector<int> identity(worldSize);
+  for (int i = 0; i < worldSize; ++i) identity[i] = i;
+  OpContext ctx = initContext(config_.timeoutSeconds > 0 ? config_.timeoutSeconds : 300.0, &identity);
+
+  // Our own duplicate, so fourd's traffic never mixes with the user's (non-blocking, so a rank
+  // that never calls init makes the others time out instead of hanging).
+  MPI_Request req;
+  checkMpi(MPI_Comm_idup(parent, &world_, &req), "MPI_Comm_idup");
+  detail::waitMpi(&req, 1, ctx);
+  auto world = detail::makeMpiBackend(world_, false, identity);
+  try {
+    agreeOnConfig(config_, worldRank_, worldSize, *world, ctx);
+  } catch (...) {
+    world.reset();
+    MPI_Comm_free(&world_);
+    throw;
+  }
+  grid_ = ProcessGrid(config_.sizes, ProcessGrid::parseOrder(config_.order));
+
+  // The ranks that share this machine: how waits poll, and (without virtual nodes) the nodes.
+  MPI_Comm nodeHandle;
+  checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL,
+                               &nodeHandle),
+           "MPI_Comm_split_type");
+  auto node = detail::makeMpiBackend(nodeHandle, true, {});
+  setPolling(node->size());
+  topology_ = std::make_unique<Topology>(
+      config_.ranksPerNode > 0 ? Topology::fromRanksPerNode(worldSize, config_.ranksPerNode)
+                               : Topology(nodeOfRanks(worldRank_, worldSize, *node, *world, ctx)));
+  hosts_ = gatherHostNames(worldSize, *world, ctx);
+
+  // The cost-model profile: identical on every rank by construction (rank 0's).
+  int maxPerNode = 1;
+  for (int n = 0; n < topology_->numNodes(); ++n)
+    maxPerNode = std::max(maxPerNode, topology_->ranksOnNode(n));
+  profile_ = std::make_shared<MachineProfile>(defaultProfile(maxPerNode));
+  profileHolder_ = std::make_unique<std::shared_ptr<const MachineProfile>>(profile_);
+  makeCommunicators();
+}
+
+void Grid::checkMpiReady() {
   // Before any call that passes a handle or a constant: with another MPI's symbols in place
   // of ours, the first of those calls would crash the process.
   const std::string abi = mpiAbiMismatch();
@@ -114,118 +233,20 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
         ". With mpi4py keep the default mpi4py.rc.thread_level = 'multiple'; in C++ call "
         "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...).");
   }
-  int worldSize = 0;
-  checkMpi(MPI_Comm_size(parent, &worldSize), "MPI_Comm_size");
-  checkMpi(MPI_Comm_rank(parent, &worldRank_), "MPI_Comm_rank");
-  std::vector<int> identity(worldSize);
-  for (int i = 0; i < worldSize; ++i) identity[i] = i;
+}
 
-  // Our own duplicate, so fourd's traffic never mixes with the user's (non-blocking, so a rank
-  // that never calls init makes the others time out instead of hanging).
-  MPI_Request req;
-  checkMpi(MPI_Comm_idup(parent, &world_, &req), "MPI_Comm_idup");
-  auto worldComm = std::make_unique<detail::MpiComm>(world_, false, identity);
-  OpContext ctx = initContext(config_.timeoutSeconds > 0 ? config_.timeoutSeconds : 300.0, &identity);
-  worldComm->wait(&req, 1, nullptr, ctx);
-  worldComm = std::make_unique<detail::MpiComm>(world_, false, identity);
-
-  // 1. Every rank must ask for the same grid. Compare before anything else can diverge.
-  std::string err;
-  validated(config_, worldSize, &err);
-  char mine[kFingerprintBytes] = {0};
-  std::snprintf(mine, sizeof(mine), "%s|%s", describeConfig(config_).c_str(),
-                err.empty() ? "ok" : "invalid");
-  std::vector<char> all(kFingerprintBytes * worldSize);
-  worldComm->allGatherBytes(mine, kFingerprintBytes, all.data(), ctx);
-  if (!err.empty()) {
-    MPI_Comm_free(&world_);
-    throw InvalidArgument(err + " (on world rank " + std::to_string(worldRank_) + ")");
-  }
-  std::vector<int> bad;
-  for (int r = 0; r < worldSize; ++r)
-    if (std::strncmp(&all[r * kFingerprintBytes], mine, kFingerprintBytes) != 0) bad.push_back(r);
-  if (!bad.empty()) {
-    std::ostringstream os;
-    os << "fourd.init: the ranks asked for different grids. This rank (world rank " << worldRank_
-       << ") asked for " << describeConfig(config_) << "; ";
-    for (size_t i = 0; i < bad.size() && i < 8; ++i) {
-      std::string theirs(&all[bad[i] * kFingerprintBytes]);
-      const bool invalid = theirs.size() > 8 && theirs.substr(theirs.size() - 8) == "|invalid";
-      os << (i ? "; " : "") << "world rank " << bad[i] << " asked for "
-         << theirs.substr(0, theirs.rfind('|')) << (invalid ? " (invalid there)" : "");
-    }
-    if (bad.size() > 8) os << "; ... (" << bad.size() << " ranks differ)";
-    MPI_Comm_free(&world_);
-    throw MismatchError(os.str());
-  }
-
-  grid_ = ProcessGrid(config_.sizes, ProcessGrid::parseOrder(config_.order));
-
-  // 1b. The ranks that share this machine (one split, used twice below), and how waits poll:
-  // more ranks here than cores for them means yield at once.
-  MPI_Comm nodeHandle;
-  checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &nodeHandle),
-           "MPI_Comm_split_type");
-  detail::MpiComm nodeComm(nodeHandle, true, {});
-  {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
-    const char* poll = std::getenv("FOURD_POLL");
-    const std::string mode = poll ? poll : "auto";
-    if (mode == "spin") {
-      detail::setOversubscribed(false);
-    } else if (mode == "yield") {
-      detail::setOversubscribed(true);
-    } else if (mode == "auto" || mode.empty()) {
-      detail::setOversubscribed(cores > 0 && nodeComm.size() > cores);
-    } else {
-      throw InvalidArgument("FOURD_POLL: expected spin, yield or auto, found '" + mode + "'");
-    }
-  }
-
-  // 2. Topology: the real nodes (shared-memory domains), or virtual nodes.
-  if (config_.ranksPerNode > 0) {
-    topology_ = std::make_unique<Topology>(Topology::fromRanksPerNode(worldSize, config_.ranksPerNode));
-  } else {
-    int leader = worldRank_;
-    MPI_Request r;
-    checkMpi(MPI_Ibcast(&leader, 1, MPI_INT, 0, nodeComm.handle(), &r), "MPI_Ibcast");
-    nodeComm.wait(&r, 1, nullptr, ctx);
-    std::vector<int> nodeOf(worldSize);
-    MPI_Request r2;
-    checkMpi(MPI_Iallgather(&leader, 1, MPI_INT, nodeOf.data(), 1, MPI_INT, world_, &r2),
-             "MPI_Iallgather");
-    worldComm->wait(&r2, 1, nullptr, ctx);
-    topology_ = std::make_unique<Topology>(nodeOf);
-  }
-
-  // 3. Host names for placement tables.
-  char host[MPI_MAX_PROCESSOR_NAME + 1] = {0};
-  int len = 0;
-  MPI_Get_processor_name(host, &len);
-  std::vector<char> hosts(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME + 1) * worldSize);
-  worldComm->allGatherBytes(host, MPI_MAX_PROCESSOR_NAME + 1, hosts.data(), ctx);
-  for (int r = 0; r < worldSize; ++r) hosts_.emplace_back(&hosts[(MPI_MAX_PROCESSOR_NAME + 1) * r]);
-
-  // 4. The cost-model profile: identical on every rank by construction (rank 0's).
-  int maxPerNode = 1;
-  for (int n = 0; n < topology_->numNodes(); ++n)
-    maxPerNode = std::max(maxPerNode, topology_->ranksOnNode(n));
-  profile_ = std::make_shared<MachineProfile>(defaultProfile(maxPerNode));
-
-  // 5. One split per axis mask; the key orders each group as the grid does.
-  auto* profileSlot = new std::shared_ptr<const MachineProfile>(profile_);
-  profileHolder_.reset(profileSlot);
+// One split per axis mask; the key orders each group as the grid does.
+void Grid::makeCommunicators() {
   for (AxisMask m = 1; m <= kWorldMask; ++m) {
     MPI_Comm c;
-    checkMpi(MPI_Comm_split(world_, grid_.groupColor(worldRank_, m), grid_.groupRank(worldRank_, m), &c),
+    checkMpi(MPI_Comm_split(world_, grid_.groupColor(worldRank_, m),
+                            grid_.groupRank(worldRank_, m), &c),
              "MPI_Comm_split");
     auto ranks = grid_.groupRanks(worldRank_, m);
     auto topo = topology_->group(ranks);
-    auto mpi = std::make_unique<detail::MpiComm>(c, true, ranks);
-    auto state = std::make_unique<detail::CommState>(maskName(m), m, std::move(mpi), topo, profileSlot);
+    auto group = std::make_unique<detail::Group>(
+        maskName(m), detail::makeMpiBackend(c, true, ranks), topo, profileHolder_.get());
+    auto state = std::make_unique<detail::CommState>(maskName(m), m, std::move(group));
     state->defaultTimeout = config_.timeoutSeconds;
     state->debug = config_.debug;
     state->abortOnTimeout = config_.abortOnTimeout;
@@ -258,8 +279,7 @@ bool Grid::finalize(double timeoutSeconds) noexcept {
   if (finalized_) return true;
   finalized_ = true;
   bool ok = true;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeoutSeconds));
+  const auto deadline = detail::deadlineAfter(Clock::now(), timeoutSeconds);
   for (auto& c : comms_) {
     if (!c) continue;
     const double left = std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "internal/op_context.hpp"
+
 namespace fourd {
 
 bool Work::isCompleted() const {
@@ -13,8 +15,8 @@ bool Work::wait(double timeoutSeconds) {
   std::unique_lock<std::mutex> lk(mu_);
   if (timeoutSeconds < 0) {
     cv_.wait(lk, [&] { return done_; });
-  } else if (!cv_.wait_for(lk, std::chrono::duration<double>(timeoutSeconds),
-                           [&] { return done_; })) {
+  } else if (!cv_.wait_until(lk, detail::deadlineAfter(detail::Clock::now(), timeoutSeconds),
+                             [&] { return done_; })) {
     return false;
   }
   if (error_) std::rethrow_exception(error_);

@@ -14,7 +14,6 @@
 
 #ifdef FOURD_HAVE_CUDA
 #include "fourd_cuda.hpp"
-#include "internal/cuda_path.hpp"
 #endif
 
 namespace py = pybind11;
@@ -59,11 +58,6 @@ void register_cuda(py::module_& m) {
       },
       py::arg("dst"), py::arg("src"), py::arg("block_bytes"), py::arg("perm"),
       py::arg("stream") = 0, "dst block i = src block perm[i], enqueued on `stream`.");
-  m.def(
-      "_cuda_set_stream",
-      [](uintptr_t stream) { fourd::detail::setCallerStream(reinterpret_cast<void*>(stream)); },
-      py::arg("stream"),
-      "The caller's stream for the next collective issued from this thread on CUDA tensors.");
 #else
   (void)m;
 #endif

@@ -10,9 +10,6 @@
 #include "fourd/error.hpp"
 #include "fourd/grid.hpp"
 #include "internal/op_context.hpp"
-#ifdef FOURD_HAVE_CUDA
-#include "internal/cuda_path.hpp"
-#endif
 
 namespace py = pybind11;
 using fourd::Buffer;
@@ -79,20 +76,17 @@ std::shared_ptr<void> keepAlive(py::object o) {
   });
 }
 
-Buffer buf(uintptr_t ptr, size_t count, int dtype, int device, int deviceIndex) {
+// A buffer as Python resolved it; CUDA buffers carry the caller's stream.
+Buffer buf(uintptr_t ptr, size_t count, int dtype, int device, int deviceIndex,
+           uintptr_t stream = 0) {
   return Buffer(reinterpret_cast<void*>(ptr), count, static_cast<DataType>(dtype),
-                static_cast<DeviceType>(device), deviceIndex);
+                static_cast<DeviceType>(device), deviceIndex, reinterpret_cast<void*>(stream));
 }
 
-// CUDA buffers: the operation is ordered after `stream` (internal/cuda_path.hpp).
-void useStream(int device, uintptr_t stream) {
-#ifdef FOURD_HAVE_CUDA
-  if (device == static_cast<int>(DeviceType::kCuda))
-    fourd::detail::setCallerStream(reinterpret_cast<void*>(stream));
-#else
-  (void)device;
-  (void)stream;
-#endif
+DeviceType deviceArg(const std::string& d) {
+  if (d == "cpu") return DeviceType::kCpu;
+  if (d == "cuda") return DeviceType::kCuda;
+  throw fourd::InvalidArgument("device: expected 'cpu' or 'cuda', found '" + d + "'");
 }
 
 CallOptions opts(int algorithm, double timeout, bool async, bool acc32) {
@@ -235,8 +229,7 @@ void register_grid(py::module_& m) {
               py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, acc32);
              auto w = released([&] {
-               useStream(dev, stream);
-               return c.allReduce(buf(in, count, dtype, dev, devIdx), buf(out, count, dtype, dev, devIdx),
+               return c.allReduce(buf(in, count, dtype, dev, devIdx, stream), buf(out, count, dtype, dev, devIdx, stream),
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return finish(std::move(w), async, std::move(keep));
@@ -248,9 +241,8 @@ void register_grid(py::module_& m) {
               bool acc32, py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, acc32);
              auto w = released([&] {
-               useStream(dev, stream);
-               return c.allReduce(buf(in, inCount, dtype, dev, devIdx),
-                                  buf(out, outCount, dtype, dev, devIdx),
+               return c.allReduce(buf(in, inCount, dtype, dev, devIdx, stream),
+                                  buf(out, outCount, dtype, dev, devIdx, stream),
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return finish(std::move(w), async, std::move(keep));
@@ -287,8 +279,8 @@ void register_grid(py::module_& m) {
               py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, false);
              auto w = released([&] {
-               useStream(dev, stream);
-               return c.allGather(buf(in, inCount, dtype, dev, devIdx), buf(out, outCount, dtype, dev, devIdx), o);
+               return c.allGather(buf(in, inCount, dtype, dev, devIdx, stream),
+                                  buf(out, outCount, dtype, dev, devIdx, stream), o);
              });
              return finish(std::move(w), async, std::move(keep));
            })
@@ -298,8 +290,8 @@ void register_grid(py::module_& m) {
               bool acc32, py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, acc32);
              auto w = released([&] {
-               useStream(dev, stream);
-               return c.reduceScatter(buf(in, inCount, dtype, dev, devIdx), buf(out, outCount, dtype, dev, devIdx),
+               return c.reduceScatter(buf(in, inCount, dtype, dev, devIdx, stream),
+                                      buf(out, outCount, dtype, dev, devIdx, stream),
                                       static_cast<fourd::ReduceOp>(op), o);
              });
              return finish(std::move(w), async, std::move(keep));
@@ -309,8 +301,7 @@ void register_grid(py::module_& m) {
               uintptr_t stream, int root, double timeout, bool async, py::object keep) {
              const CallOptions o = opts(0, timeout, async, false);
              auto w = released([&] {
-               useStream(dev, stream);
-               return c.broadcast(buf(p, count, dtype, dev, devIdx), root, o);
+               return c.broadcast(buf(p, count, dtype, dev, devIdx, stream), root, o);
              });
              return finish(std::move(w), async, std::move(keep));
            })
@@ -321,12 +312,19 @@ void register_grid(py::module_& m) {
            })
       .def("choose",
            [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
-              bool inPlace) {
-             return std::string(fourd::algorithmName(c.choose(
-                 fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype), inPlace)));
+              bool inPlace, const std::string& device) {
+             return std::string(fourd::algorithmName(
+                 c.choose(fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype), inPlace,
+                          deviceArg(device))));
            },
            py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
-           py::arg("in_place") = false)
+           py::arg("in_place") = false, py::arg("device") = "cpu")
+      .def_property("default_algorithm",
+                    [](const Communicator& c) { return std::string(fourd::algorithmName(c.defaultAlgorithm())); },
+                    [](Communicator& c, const std::string& a) {
+                      c.setDefaultAlgorithm(fourd::parseAlgorithm(a));
+                    },
+                    "The algorithm of calls that ask for 'auto' on this group ('auto': none).")
       .def("tuning",
            [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
               bool inPlace) {
@@ -350,22 +348,27 @@ void register_grid(py::module_& m) {
            py::arg("in_place") = false)
       .def("explain",
            [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
-              bool inPlace) {
-             py::list out;
-             for (const auto& p : c.explain(fourd::parseCollective(coll), nbytes,
-                                            fourd::parseDataType(dtype), inPlace)) {
+              bool inPlace, const std::string& device) {
+             const auto e = c.explain(fourd::parseCollective(coll), nbytes,
+                                      fourd::parseDataType(dtype), inPlace, deviceArg(device));
+             py::list rows;
+             for (const auto& p : e.candidates) {
                py::dict d;
                d["algorithm"] = fourd::algorithmName(p.algorithm);
                d["predicted_s"] = p.seconds;
                d["correction"] = p.correction;
                d["supported"] = p.supported;
                d["reason"] = p.reason;
-               out.append(d);
+               rows.append(d);
              }
+             py::dict out;
+             out["candidates"] = rows;
+             out["choice"] = fourd::algorithmName(e.choice);
+             out["source"] = e.source;
              return out;
            },
            py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
-           py::arg("in_place") = false);
+           py::arg("in_place") = false, py::arg("device") = "cpu");
 
   py::class_<Grid>(m, "Grid")
       .def(py::init([](intptr_t commF, std::vector<int> sizes, const std::string& order, int rpn,

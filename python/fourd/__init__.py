@@ -108,6 +108,9 @@ def build_info() -> dict:
         "nccl": HAVE_CUDA,
         "nccl_version": _C.nccl_version() if HAVE_CUDA else None,
         "cuda_devices": _C.cuda_device_count()[0] if HAVE_CUDA else 0,
+        # Why no CUDA device can be used ("" when one can).
+        "cuda_unavailable": (_C.cuda_device_count()[1] if HAVE_CUDA
+                             else "this build of fourd has no CUDA support (FOURD_CUDA=ON)"),
     }
 
 

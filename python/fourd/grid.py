@@ -108,8 +108,6 @@ class Grid:
         self._rank = native.world_rank
         self._coords = native.coords(self._rank)
         self._finalized = False
-        # Per-axis algorithm used when a call says "auto" (set from a planner's choice).
-        self._axis_algorithms: dict = {}
         # (axis, op, algorithm) -> (communicator, op code, algorithm code): the per-call
         # argument checks done once per distinct hashable combination (the hot path of small
         # messages). Cleared whenever what it derives from changes.
@@ -117,20 +115,11 @@ class Grid:
 
     def set_axis_algorithm(self, axis, algorithm: str) -> None:
         """Make `algorithm` the default of `axis` for calls that ask for "auto" (as
-        ``fourd.init(plan=...)`` does with the planner's choice per axis)."""
-        code = _algo_code(algorithm)
-        mask = axis_mask(axis)
-        self._calls.clear()
-        if code == 0:
-            self._axis_algorithms.pop(mask, None)
-        else:
-            self._axis_algorithms[mask] = code
-
-    def _algo(self, algorithm, mask) -> int:
-        code = _algo_code(algorithm)
-        if code == 0 and self._axis_algorithms:
-            return self._axis_algorithms.get(mask, 0)
-        return code
+        ``fourd.init(plan=...)`` does with the planner's choice per axis); "auto" clears it.
+        The native selector applies it (explicit argument > this > FOURD_ALGORITHM > tuning
+        in use > cost model)."""
+        _algo_code(algorithm)
+        self._comm(axis_mask(axis)).default_algorithm = algorithm
 
     # ---- shape and ranks -------------------------------------------------------------------
     @property
@@ -261,7 +250,7 @@ class Grid:
 
     def _plan_call(self, axis, op, algorithm):
         mask = axis_mask(axis)
-        plan = (self._comm(mask), _op_code(op), self._algo(algorithm, mask))
+        plan = (self._comm(mask), _op_code(op), _algo_code(algorithm))
         try:
             if len(self._calls) < 256:
                 self._calls[(axis, op, algorithm)] = plan
@@ -310,47 +299,47 @@ class Grid:
         self._comm(axis_mask(axis)).barrier(_timeout(timeout))
 
     def explain(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
-                in_place: bool = False) -> dict:
-        """The candidates `auto` considers for this call, with predicted times, and its choice
-        (the cost model's, or once tuning in use has chosen, provisionally or for good, the
-        algorithm the calls run; "tuning" says which). `in_place`: the call's output is its input (all_reduce), or
-        holds it as this rank's block (all_gather, reduce_scatter); measured corrections of
-        the model may differ."""
+                in_place: bool = False, device: str = "cpu") -> dict:
+        """The candidates `auto` considers for this call, with predicted times and whether each
+        can run, and its choice: the native selector's answer (internal/selector.hpp), for
+        buffers on `device` ("cpu" or "cuda"). "source" says where the choice comes from
+        ("plan", "FOURD_ALGORITHM", "tuning", "model", "device", "broadcast", "one rank");
+        "tuning" is what tuning in use knows of the call. `in_place`: the call's output is its
+        input (all_reduce), or holds it as this rank's block (all_gather, reduce_scatter);
+        measured corrections of the model may differ."""
         comm = self._comm(axis_mask(axis))
-        rows = comm.explain(collective, int(nbytes), dtype, bool(in_place))
-        code = self._axis_algorithms.get(axis_mask(axis))
-        planned = _algo_name(code) if code else None
-        forced = planned or os.environ.get("FOURD_ALGORITHM") or None
+        n, ip = int(nbytes), bool(in_place)
+        e = comm.explain(collective, n, dtype, ip, device)
         return {
             "collective": collective,
-            "nbytes": int(nbytes),
+            "nbytes": n,
             "axis": mask_name(axis_mask(axis)),
             "dtype": dtype,
-            "in_place": bool(in_place),
+            "in_place": ip,
+            "device": device,
             "topology": comm.topology["description"],
-            "candidates": rows,
-            "choice": forced or comm.choose(collective, int(nbytes), dtype, bool(in_place)),
-            "forced_by_env": forced is not None and planned is None,
-            "set_by_plan": planned is not None,
-            # auto's tuning in use (docs/algorithms.md): the shortlist tried on the calls, and
-            # once chosen, their measured times and the algorithm later calls run.
-            "tuning": comm.tuning(collective, int(nbytes), dtype, bool(in_place)),
+            "candidates": e["candidates"],
+            "choice": e["choice"],
+            "source": e["source"],
+            "forced_by_env": e["source"] == "FOURD_ALGORITHM",
+            "set_by_plan": e["source"] == "plan",
+            "tuning": comm.tuning(collective, n, dtype, ip),
         }
 
+    def tuning(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
+               in_place: bool = False) -> dict:
+        """What tuning in use knows of this call (``explain(...)["tuning"]``, without pricing
+        the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap."""
+        return self._comm(axis_mask(axis)).tuning(collective, int(nbytes), dtype, bool(in_place))
+
     def algorithm_for(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
-                      in_place: bool = False) -> str:
-        """The algorithm a call with algorithm="auto" runs: the axis default set by a plan, else
-        FOURD_ALGORITHM, else what tuning in use chose (provisionally or for good), else the
-        cost model's choice (while the calls of a size explore, they run its shortlist in
-        turn)."""
-        mask = axis_mask(axis)
-        code = self._axis_algorithms.get(mask)
-        if code:
-            return _algo_name(code)
-        forced = os.environ.get("FOURD_ALGORITHM")
-        if forced:
-            return forced
-        return self._comm(mask).choose(collective, int(nbytes), dtype, bool(in_place))
+                      in_place: bool = False, device: str = "cpu") -> str:
+        """The algorithm a call with algorithm="auto" runs (the native selector's choice: the
+        axis default set by a plan, else FOURD_ALGORITHM, else what tuning in use chose,
+        provisionally or for good, else the cost model's choice; while the calls of a size
+        explore, they run its shortlist in turn)."""
+        return self._comm(axis_mask(axis)).choose(collective, int(nbytes), dtype, bool(in_place),
+                                                  device)
 
     def finalize(self, timeout: float | None = None) -> bool:
         """Wait for operations in flight (up to the timeout), then free the communicators."""
@@ -359,7 +348,7 @@ class Grid:
         self._finalized = True
         self._comms.clear()
         self._calls.clear()
-        t = _default_timeout() if timeout is None else float(timeout)
+        t = default_timeout() if timeout is None else float(timeout)
         return self._native.finalize(t)
 
     def __repr__(self) -> str:
@@ -396,7 +385,8 @@ def _check_pair(idt, odt, dev, odev):
         raise InvalidArgumentError("output: expected the input's device, found another device")
 
 
-def _default_timeout() -> float:
+def default_timeout() -> float:
+    """The deadline of every wait when a call gives none: FOURD_TIMEOUT_S, else 300 s."""
     v = os.environ.get("FOURD_TIMEOUT_S")
     if v:
         try:
@@ -407,6 +397,9 @@ def _default_timeout() -> float:
             pass
         raise InvalidArgumentError(f"FOURD_TIMEOUT_S: expected a positive number of seconds, found {v!r}")
     return 300.0
+
+
+_default_timeout = default_timeout  # the name callers used before it was public
 
 
 _state = threading.local()
@@ -517,7 +510,7 @@ def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm
             f"ranks_per_node: expected None or an integer >= 1, found {ranks_per_node!r}")
         rpn = -1
     try:
-        t = _default_timeout() if timeout is None else _timeout(timeout)
+        t = default_timeout() if timeout is None else _timeout(timeout)
     except InvalidArgumentError as e:
         local_error = local_error or e
         t = -1.0

@@ -18,10 +18,14 @@ struct Buffer {
   DataType dtype = DataType::kFloat32;
   DeviceType device = DeviceType::kCpu;
   int deviceIndex = 0;
+  /// CUDA buffers: the stream (a cudaStream_t; nullptr = the legacy default stream) whose
+  /// enqueued work the operation is ordered after, and which is made to wait for its end.
+  void* stream = nullptr;
 
   Buffer() = default;
-  Buffer(void* d, size_t n, DataType t, DeviceType dev = DeviceType::kCpu, int idx = 0)
-      : data(d), count(n), dtype(t), device(dev), deviceIndex(idx) {}
+  Buffer(void* d, size_t n, DataType t, DeviceType dev = DeviceType::kCpu, int idx = 0,
+         void* st = nullptr)
+      : data(d), count(n), dtype(t), device(dev), deviceIndex(idx), stream(st) {}
 
   /// Size in bytes.
   size_t bytes() const noexcept { return count * dataTypeSize(dtype); }
@@ -29,7 +33,7 @@ struct Buffer {
   /// A view of elements [offset, offset + n).
   Buffer slice(size_t offset, size_t n) const noexcept {
     return Buffer(static_cast<char*>(data) + offset * dataTypeSize(dtype), n, dtype, device,
-                  deviceIndex);
+                  deviceIndex, stream);
   }
 
   /// Typed address of element 0.

@@ -18,6 +18,7 @@ namespace fourd {
 
 namespace detail {
 class CommState;
+class Group;
 }
 
 /// Per-call options.
@@ -57,10 +58,27 @@ class Communicator {
   std::shared_ptr<Work> broadcast(const Buffer& buf, int root, const CallOptions& opts = {});
   std::shared_ptr<Work> barrier(const CallOptions& opts = {});
 
-  /// The algorithm `auto` picks for this call, and every candidate with its predicted time.
-  Algorithm choose(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
-  std::vector<Prediction> explain(Collective c, size_t nbytes, DataType dtype,
-                                  bool inPlace = false) const;
+  /// The default of calls that ask for `auto` on this group (a plan's per-axis choice);
+  /// kAuto: none. Must be set alike on every rank.
+  void setDefaultAlgorithm(Algorithm a);
+  Algorithm defaultAlgorithm() const noexcept;
+
+  /// The algorithm a call with algorithm = auto runs (the default set above, FOURD_ALGORITHM,
+  /// tuning in use, the cost model, the device: internal/selector.hpp). `device`: where the
+  /// call's buffers live (CUDA buffers run on the group's device backend, which this rank
+  /// knows once a CUDA operation has run; until then, NCCL's rule is assumed).
+  Algorithm choose(Collective c, size_t nbytes, DataType dtype, bool inPlace = false,
+                   DeviceType device = DeviceType::kCpu) const;
+  /// Every candidate with its predicted time and whether it can run, the choice, and where
+  /// the choice comes from ("argument" never: "plan", "FOURD_ALGORITHM", "tuning", "model",
+  /// "device", "broadcast", "one rank").
+  struct Explanation {
+    std::vector<Prediction> candidates;
+    Algorithm choice = Algorithm::kFlat;
+    std::string source;
+  };
+  Explanation explain(Collective c, size_t nbytes, DataType dtype, bool inPlace = false,
+                      DeviceType device = DeviceType::kCpu) const;
 
   /// What `auto`'s tuning in use knows of this call (docs/algorithms.md, "Tuning in use"):
   /// state "off" (FOURD_TUNE=0, a call of 0 bytes, a one-rank group or broadcast: the
@@ -87,7 +105,8 @@ class Communicator {
   /// Returns false if some did not finish in time.
   bool drain(double timeoutSeconds) noexcept;
 
-  detail::CommState& state() noexcept { return *state_; }
+  /// What the algorithms see of this group (host buffers): for native tests.
+  detail::Group& group() noexcept;
 
  private:
   std::unique_ptr<detail::CommState> state_;

@@ -58,6 +58,9 @@ class Grid {
   bool finalized() const noexcept { return finalized_; }
 
  private:
+  static void checkMpiReady();
+  void makeCommunicators();
+
   GridConfig config_;
   ProcessGrid grid_;
   std::unique_ptr<Topology> topology_;

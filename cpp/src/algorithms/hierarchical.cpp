@@ -1,8 +1,9 @@
 // "hierarchical": two levels from the group's topology (PCCL's phase order, the collectives
 // notes section 1): k group ranks on each of N >= 2 nodes. The intra level is the members on my
-// node (CommState::intra, rank = my local index); the rail level is the members with my local
-// index on every node (CommState::rail, rank = my node index), so the k rails of a node run at
-// once and every NIC carries traffic.
+// node (Group::intra, rank = my local index); the rail level is the members with my local
+// index on every node (Group::rail, rank = my node index), so the k rails of a node run at
+// once and every NIC carries traffic. Both levels are Groups with backends of their own, split
+// from the group's: the same code runs over MPI and over NCCL.
 //
 // n bytes (nccl-tests sizes), alpha_i/beta_i inside a node, alpha_e/beta_e per rail between
 // nodes (a rail gets about Be/k of the node's injection Be), gamma per reduced byte:
@@ -21,9 +22,13 @@
 //                   the group ranks with local index l on every node, in node order ->
 //                   RS_intra(n) -> RS_rail(n/k). Same cost plus gamma terms.
 //
-// Each level picks its own algorithm from the cost model and the machine profile: ring or rhd
-// (or shm for the intra level when the node's ranks share memory); FOURD_HIERARCHICAL_INTRA /
-// FOURD_HIERARCHICAL_INTER force one (ring, rhd, shm, auto).
+// Each level picks its own algorithm: on host memory, ring or rhd from the cost model and the
+// machine profile (or shm for the intra level when the node's ranks share memory;
+// FOURD_HIERARCHICAL_INTRA / FOURD_HIERARCHICAL_INTER force one: ring, rhd, shm, auto); on GPU
+// memory, the level backend's own collective (NCCL's). The backend's reduce-scatter takes equal
+// blocks, so with such an intra level the all_reduce runs the largest part divisible by k
+// through the levels and the last count % k elements (fewer than k) with one flat all_reduce
+// of the whole group.
 //
 // Overlap: the buffer is cut into C chunks (MachineProfile::hierarchicalChunks, or
 // FOURD_HIERARCHICAL_CHUNKS; fewer for small buffers, at least 2 MiB a chunk). The intra
@@ -42,8 +47,6 @@
 
 #include "algorithms/levels.hpp"
 #include "fourd/error.hpp"
-#include "internal/comm_state.hpp"
-#include "internal/reduce_kernels.hpp"
 
 namespace fourd::detail {
 
@@ -51,10 +54,10 @@ namespace {
 
 constexpr size_t kMinChunkBytes = 2 * 1024 * 1024;
 
-bool supports(Collective c, CommState& s, std::string* reason) {
+bool supports(Collective c, const Group& g, std::string* reason) {
   // One node (no inter-node level) or uneven nodes (rails of different sizes): the cost model
   // says so in the words explain() shows.
-  return shapeSupports(c, Algorithm::kHierarchical, s, reason);
+  return shapeSupports(c, Algorithm::kHierarchical, g, reason);
 }
 
 // "ring" / "rhd" / "shm" / "auto" from an environment variable; nullptr-safe.
@@ -71,9 +74,12 @@ bool envLevel(const char* var, LevelAlgo* out) {
   return true;
 }
 
-// The level's algorithm: forced by the environment, else the cheapest in the cost model.
-LevelAlgo chooseLevel(CommState& s, Collective c, bool intraLevel, int size, size_t bytes,
-                      DataType t, bool shmOk) {
+// The level's algorithm: the backend's own on GPU memory; else forced by the environment, else
+// the cheapest in the cost model.
+LevelAlgo chooseLevel(const Group& g, const Group& level, Collective c, bool intraLevel,
+                      size_t bytes, DataType t, bool shmOk) {
+  if (!level.backend().hostMemory()) return LevelAlgo::kFlat;
+  const int size = level.size();
   LevelAlgo forced;
   if (envLevel(intraLevel ? "FOURD_HIERARCHICAL_INTRA" : "FOURD_HIERARCHICAL_INTER", &forced)) {
     if (forced == LevelAlgo::kShm && (!intraLevel || !shmOk)) return LevelAlgo::kRing;
@@ -85,7 +91,8 @@ LevelAlgo chooseLevel(CommState& s, Collective c, bool intraLevel, int size, siz
   shape.nodes = intraLevel ? 1 : size;
   shape.ranksPerNode = intraLevel ? size : 1;
   shape.uniform = true;
-  const MachineProfile& prof = **s.profile;
+  const auto profile = g.profile();
+  const MachineProfile& prof = *profile;
   LevelAlgo best = LevelAlgo::kRing;
   double bestT = predict(c, Algorithm::kRing, bytes, t, shape, prof);
   const double rhd = predict(c, Algorithm::kRhd, bytes, t, shape, prof);
@@ -104,12 +111,12 @@ LevelAlgo chooseLevel(CommState& s, Collective c, bool intraLevel, int size, siz
 // several), else the profile's hierarchicalChunks, fewer for small buffers (each chunk pays a
 // synchronisation per level, which costs more than it overlaps below ~2 MiB on an
 // oversubscribed node).
-int chunkCount(CommState& s, size_t totalBytes) {
+int chunkCount(const Group& g, size_t totalBytes) {
   if (const char* e = std::getenv("FOURD_HIERARCHICAL_CHUNKS")) {
     const int v = std::atoi(e);
     if (v >= 1) return std::min(v, 64);
   }
-  const int c = std::min(std::max(1, (**s.profile).hierarchicalChunks), 64);
+  const int c = std::min(std::max(1, g.profile()->hierarchicalChunks), 64);
   const size_t bySize = std::max<size_t>(1, totalBytes / kMinChunkBytes);
   return static_cast<int>(std::min<size_t>(static_cast<size_t>(c), bySize));
 }
@@ -122,26 +129,26 @@ size_t levelRSScratch(LevelAlgo a, const Blocks& B, size_t es) {
   switch (a) {
     case LevelAlgo::kRing: return ringReduceScatterScratch(B, es);
     case LevelAlgo::kRhd: return rhdReduceScatterScratch(B, es);
-    case LevelAlgo::kShm: return 0;
+    default: return 0;
   }
-  return 0;
 }
 
 size_t levelARScratch(LevelAlgo a, size_t count, int p, size_t es) {
   switch (a) {
     case LevelAlgo::kRing: return ringAllReduceScratch(count, p, es);
     case LevelAlgo::kRhd: return rhdAllReduceScratch(count, p, es);
-    case LevelAlgo::kShm: return 0;
+    default: return 0;
   }
-  return 0;
 }
 
+// `B` is uniform whenever `a` is kFlat (the callers make it so).
 void levelRS(Schedule& s, LevelAlgo a, ShmWindow* w, const void* in, void* out, const Blocks& B,
              DataType t, ReduceOp op, void* scratch) {
   switch (a) {
     case LevelAlgo::kRing: ringReduceScatter(s, in, out, B, t, op, scratch); break;
     case LevelAlgo::kRhd: rhdReduceScatter(s, in, out, B, t, op, scratch); break;
     case LevelAlgo::kShm: shmReduceScatter(s, *w, in, out, B, t, op); break;
+    case LevelAlgo::kFlat: flatReduceScatter(s, in, out, B.count(0), t, op); break;
   }
 }
 
@@ -150,6 +157,7 @@ void levelAG(Schedule& s, LevelAlgo a, ShmWindow* w, void* buf, const Blocks& B,
     case LevelAlgo::kRing: ringAllGather(s, buf, B, t); break;
     case LevelAlgo::kRhd: rhdAllGather(s, buf, B, t); break;
     case LevelAlgo::kShm: shmAllGather(s, *w, buf, B, t); break;
+    case LevelAlgo::kFlat: flatAllGather(s, buf, B.count(0), t); break;
   }
 }
 
@@ -157,6 +165,7 @@ void levelAR(Schedule& s, LevelAlgo a, const void* in, void* out, size_t count, 
              ReduceOp op, void* scratch) {
   switch (a) {
     case LevelAlgo::kRhd: rhdAllReduce(s, in, out, count, t, op, scratch); break;
+    case LevelAlgo::kFlat: flatAllReduce(s, in, out, count, t, op); break;
     default: ringAllReduce(s, in, out, count, t, op, scratch); break;
   }
 }
@@ -164,37 +173,41 @@ void levelAR(Schedule& s, LevelAlgo a, const void* in, void* out, size_t count, 
 // Everything the three collectives share: the two levels, their algorithms, the flags that
 // order the two schedules.
 struct Levels {
+  Group& g;
   const GroupTopology& topo;
   int k, N, l, node;
-  MpiComm* intra;
-  MpiComm* rail;
+  Group* intra;
+  Group* rail;
   LevelAlgo ia = LevelAlgo::kRing, ea = LevelAlgo::kRing;
   ShmWindow* w = nullptr;
   std::vector<std::vector<int>> member;  // member[node][local] = group rank
 
-  Levels(CommState& s, OpContext& ctx) : topo(s.topo) {
+  Levels(Group& group, OpContext& ctx) : g(group), topo(group.topology()) {
     k = topo.k;
     N = topo.numNodes;
-    const int me = s.rank();
+    const int me = g.rank();
     l = topo.localIndex[me];
     node = topo.nodeIndex[me];
-    intra = &s.intra(ctx);
-    rail = &s.rail(ctx);
+    intra = &g.intra(ctx);
+    rail = &g.rail(ctx);
     member.assign(N, std::vector<int>(k, -1));
-    for (int g = 0; g < topo.size; ++g) member[topo.nodeIndex[g]][topo.localIndex[g]] = g;
+    for (int r = 0; r < topo.size; ++r) member[topo.nodeIndex[r]][topo.localIndex[r]] = r;
   }
 
   // Picks both levels; `intraBytes` is what one intra-level collective moves.
-  void choose(CommState& s, Collective intraColl, size_t intraBytes, Collective railColl,
-              size_t railBytes, DataType t, size_t shmBytesPerRank, OpContext& ctx) {
-    const bool shmOk = k > 1 && s.intraSharesMemory(ctx);
-    ia = chooseLevel(s, intraColl, true, k, intraBytes, t, shmOk);
-    ea = chooseLevel(s, railColl, false, N, railBytes, t, false);
+  void choose(Collective intraColl, size_t intraBytes, Collective railColl, size_t railBytes,
+              DataType t, size_t shmBytesPerRank, OpContext& ctx) {
+    const bool shmOk = k > 1 && shmAvailable(*intra, ctx);
+    ia = chooseLevel(g, *intra, intraColl, true, intraBytes, t, shmOk);
+    ea = chooseLevel(g, *rail, railColl, false, railBytes, t, false);
     if (ia == LevelAlgo::kShm) {
-      w = shmWindow(s, shmBytesPerRank, ctx);
+      w = shmWindow(*intra, shmBytesPerRank, ctx);
       if (!w) ia = LevelAlgo::kRing;
     }
   }
+
+  // Local copies, on the group's memory (host or device).
+  void copy(void* dst, const void* src, size_t bytes) const { g.backend().copy(dst, src, bytes); }
 
   void run(Schedule& si, Schedule& sr, OpContext& ctx) {
     markShmRunning(w, true);
@@ -209,23 +222,34 @@ std::function<std::string()> laggingLevel(const char* what, int chunk) {
   };
 }
 
-void allReduce(CommState& s, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
-  Levels L(s, ctx);
+// The chunks of an all_reduce of `count` elements: even (the host levels take uneven blocks),
+// or, when the intra level is the backend's own collective (equal blocks only), multiples of k
+// over the first count - count % k elements.
+Blocks allReduceChunks(const Levels& L, size_t count, int C) {
+  if (L.ia != LevelAlgo::kFlat) return Blocks::even(count, C);
+  Blocks b = Blocks::even(count / L.k, C);
+  for (auto& o : b.off) o *= static_cast<size_t>(L.k);
+  return b;
+}
+
+void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  Levels L(g, ctx);
   const DataType t = in.dtype;
   const size_t es = dataTypeSize(t);
   const size_t count = in.count;
-  const int C = chunkCount(s, in.bytes());
-  const Blocks chunks = Blocks::even(count, C);
+  const int C = chunkCount(g, in.bytes());
+  const size_t evenMax = Blocks::even(count, C).maxCount();
+  L.choose(Collective::kAllReduce, evenMax * es, Collective::kAllReduce,
+           (evenMax + L.k - 1) / L.k * es, t, evenMax * es, ctx);
+  const Blocks chunks = allReduceChunks(L, count, C);
   const size_t maxChunk = chunks.maxCount();
   const size_t maxShard = (maxChunk + L.k - 1) / L.k;
-  L.choose(s, Collective::kAllReduce, maxChunk * es, Collective::kAllReduce, maxShard * es, t,
-           maxChunk * es, ctx);
   char* scratchI = static_cast<char*>(
-      s.scratch(0, std::max<size_t>(64, levelRSScratch(L.ia, Blocks::even(maxChunk, L.k), es))));
+      g.scratch(0, std::max<size_t>(64, levelRSScratch(L.ia, Blocks::even(maxChunk, L.k), es))));
   char* scratchE = static_cast<char*>(
-      s.scratch(1, std::max<size_t>(64, levelARScratch(L.ea, maxShard, L.N, es))));
+      g.scratch(1, std::max<size_t>(64, levelARScratch(L.ea, maxShard, L.N, es))));
 
-  Schedule si(*L.intra, laneTag(ctx, 1)), sr(*L.rail, laneTag(ctx, 2));
+  Schedule si(L.intra->backend(), laneTag(ctx, 1)), sr(L.rail->backend(), laneTag(ctx, 2));
   std::vector<char> rsDone(C, 0), arDone(C, 0);
   const char* src = static_cast<const char*>(in.data);
   char* dst = static_cast<char*>(out.data);
@@ -251,77 +275,80 @@ void allReduce(CommState& s, const Buffer& in, const Buffer& out, ReduceOp op, O
   }
   agIntra(C - 1);
   L.run(si, sr, ctx);
+  const size_t body = chunks.total();
+  if (body < count) {  // fewer than k elements the equal-block levels cannot split
+    g.backend().allReduce(in.slice(body, count - body), out.slice(body, count - body), op, ctx);
+  }
 }
 
-void allGather(CommState& s, const Buffer& in, const Buffer& out, OpContext& ctx) {
-  Levels L(s, ctx);
+void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
+  Levels L(g, ctx);
   const DataType t = in.dtype;
   const size_t es = dataTypeSize(t);
   const size_t m = in.count;
-  const int p = s.size();
-  const int C = chunkCount(s, out.bytes());
+  const int p = g.size();
+  const int C = chunkCount(g, out.bytes());
   const Blocks chunks = Blocks::even(m, C);
   const size_t maxChunk = chunks.maxCount();
-  L.choose(s, Collective::kAllGather, maxChunk * p * es, Collective::kAllGather,
+  L.choose(Collective::kAllGather, maxChunk * p * es, Collective::kAllGather,
            maxChunk * L.N * es, t, maxChunk * L.N * es, ctx);
   // T: chunk c occupies p * chunk elements at p * offset(c), laid out [local][node] x chunk.
-  char* T = static_cast<char*>(s.scratch(0, std::max<size_t>(64, static_cast<size_t>(p) * m * es)));
-  Schedule si(*L.intra, laneTag(ctx, 1)), sr(*L.rail, laneTag(ctx, 2));
+  char* T = static_cast<char*>(g.scratch(0, std::max<size_t>(64, static_cast<size_t>(p) * m * es)));
+  Schedule si(L.intra->backend(), laneTag(ctx, 1)), sr(L.rail->backend(), laneTag(ctx, 2));
   std::vector<char> railDone(C, 0);
   const char* src = static_cast<const char*>(in.data);
   char* dst = static_cast<char*>(out.data);
   const int k = L.k, N = L.N;
+  const Levels* lv = &L;
   for (int c = 0; c < C; ++c) {
     const size_t c0 = chunks.offset(c), cm = chunks.count(c);
     char* Tc = T + static_cast<size_t>(p) * c0 * es;
     char* myRail = Tc + static_cast<size_t>(L.l) * N * cm * es;
     char* myBlock = myRail + static_cast<size_t>(L.node) * cm * es;
-    sr.compute([=] { std::memcpy(myBlock, src + c0 * es, cm * es); });
+    sr.compute([=] { lv->copy(myBlock, src + c0 * es, cm * es); });
     levelAG(sr, L.ea, L.w, myRail, Blocks::uniform(cm, N), t);
     sr.compute([&railDone, c] { railDone[c] = 1; });
     si.waitUntil([&railDone, c] { return railDone[c] != 0; }, laggingLevel("rail all_gather", c));
     levelAG(si, L.ia, L.w, Tc, Blocks::uniform(static_cast<size_t>(N) * cm, k), t);
-    const auto* member = &L.member;
     si.compute([=] {
       for (int ll = 0; ll < k; ++ll)
         for (int nn = 0; nn < N; ++nn) {
-          const size_t g = static_cast<size_t>((*member)[nn][ll]);
-          std::memcpy(dst + (g * m + c0) * es, Tc + (static_cast<size_t>(ll) * N + nn) * cm * es,
-                      cm * es);
+          const size_t r = static_cast<size_t>(lv->member[nn][ll]);
+          lv->copy(dst + (r * m + c0) * es, Tc + (static_cast<size_t>(ll) * N + nn) * cm * es,
+                   cm * es);
         }
     });
   }
   L.run(si, sr, ctx);
 }
 
-void reduceScatter(CommState& s, const Buffer& in, const Buffer& out, ReduceOp op,
-                   OpContext& ctx) {
-  Levels L(s, ctx);
+void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  Levels L(g, ctx);
   const DataType t = in.dtype;
   const size_t es = dataTypeSize(t);
   const size_t m = out.count;
-  const int p = s.size();
+  const int p = g.size();
   const int k = L.k, N = L.N;
-  const int C = chunkCount(s, in.bytes());
+  const int C = chunkCount(g, in.bytes());
   const Blocks chunks = Blocks::even(m, C);
   const size_t maxChunk = chunks.maxCount();
-  L.choose(s, Collective::kReduceScatter, maxChunk * p * es, Collective::kReduceScatter,
+  L.choose(Collective::kReduceScatter, maxChunk * p * es, Collective::kReduceScatter,
            maxChunk * N * es, t, maxChunk * p * es, ctx);
   // Slot 0: T (the permuted input, p*m), U (the intra results, N*m), the intra level's scratch.
   const size_t tBytes = align64(static_cast<size_t>(p) * m * es);
   const size_t uBytes = align64(static_cast<size_t>(N) * m * es);
   const size_t iBytes =
       levelRSScratch(L.ia, Blocks::uniform(static_cast<size_t>(N) * maxChunk, k), es);
-  char* T = static_cast<char*>(s.scratch(0, tBytes + uBytes + std::max<size_t>(64, iBytes)));
+  char* T = static_cast<char*>(g.scratch(0, tBytes + uBytes + std::max<size_t>(64, iBytes)));
   char* U = T + tBytes;
   char* scratchI = U + uBytes;
   char* scratchE = static_cast<char*>(
-      s.scratch(1, std::max<size_t>(64, levelRSScratch(L.ea, Blocks::uniform(maxChunk, N), es))));
-  Schedule si(*L.intra, laneTag(ctx, 1)), sr(*L.rail, laneTag(ctx, 2));
+      g.scratch(1, std::max<size_t>(64, levelRSScratch(L.ea, Blocks::uniform(maxChunk, N), es))));
+  Schedule si(L.intra->backend(), laneTag(ctx, 1)), sr(L.rail->backend(), laneTag(ctx, 2));
   std::vector<char> intraDone(C, 0);
   const char* src = static_cast<const char*>(in.data);
   char* dst = static_cast<char*>(out.data);
-  const auto* member = &L.member;
+  const Levels* lv = &L;
   for (int c = 0; c < C; ++c) {
     const size_t c0 = chunks.offset(c), cm = chunks.count(c);
     char* Tc = T + static_cast<size_t>(p) * c0 * es;
@@ -330,9 +357,9 @@ void reduceScatter(CommState& s, const Buffer& in, const Buffer& out, ReduceOp o
     si.compute([=] {
       for (int ll = 0; ll < k; ++ll)
         for (int nn = 0; nn < N; ++nn) {
-          const size_t g = static_cast<size_t>((*member)[nn][ll]);
-          std::memcpy(Tc + (static_cast<size_t>(ll) * N + nn) * cm * es, src + (g * m + c0) * es,
-                      cm * es);
+          const size_t r = static_cast<size_t>(lv->member[nn][ll]);
+          lv->copy(Tc + (static_cast<size_t>(ll) * N + nn) * cm * es, src + (r * m + c0) * es,
+                   cm * es);
         }
     });
     levelRS(si, L.ia, L.w, Tc, Uc, Blocks::uniform(static_cast<size_t>(N) * cm, k), t, op,

@@ -1,6 +1,7 @@
-// Level collectives: ring, recursive halving/doubling and shared-memory building blocks over one
-// flat MpiComm, appended to a Schedule. "ring" and "rhd" run them on the whole group;
-// "hierarchical" runs them on its intra-node and rail communicators and overlaps the levels.
+// Level collectives: ring, recursive halving/doubling, shared-memory and the backend's own
+// ("flat") building blocks over one flat Backend, appended to a Schedule. "ring" and "rhd" run
+// them on the whole group; "hierarchical" runs them on its intra-node and rail levels (Groups
+// of their own) and overlaps the levels.
 //
 // Conventions (elements, not bytes, unless named *Bytes):
 //   - `blocks` partitions the buffer over the ranks of the schedule's communicator; block r
@@ -23,10 +24,10 @@
 #include "algorithms/schedule.hpp"
 #include "fourd/cost_model.hpp"
 #include "fourd/data_type.hpp"
+#include "internal/group.hpp"
 
 namespace fourd::detail {
 
-class CommState;
 struct ShmWindow;
 
 // ---- one rank (ring and rhd) ----
@@ -34,7 +35,7 @@ struct ShmWindow;
 /// Returns false (and adds nothing) when the schedule's communicator has more ranks.
 inline bool oneRankReduceScatter(Schedule& s, const char* in, char* out, const Blocks& blocks,
                                  size_t elemSize) {
-  if (s.comm().size() != 1) return false;
+  if (s.size() != 1) return false;
   const char* mine = in + blocks.offset(0) * elemSize;
   const size_t bytes = blocks.count(0) * elemSize;
   if (out != mine) s.compute([=] { std::memmove(out, mine, bytes); });
@@ -43,7 +44,7 @@ inline bool oneRankReduceScatter(Schedule& s, const char* in, char* out, const B
 /// The all-reduce of a one-rank schedule: `in` copied to `out` unless in place. Returns false
 /// (and adds nothing) when the schedule's communicator has more ranks.
 inline bool oneRankAllReduce(Schedule& s, const void* in, void* out, size_t bytes) {
-  if (s.comm().size() != 1) return false;
+  if (s.size() != 1) return false;
   if (in != out) s.compute([=] { std::memcpy(out, in, bytes); });
   return true;
 }
@@ -69,10 +70,13 @@ void rhdAllReduce(Schedule& s, const void* in, void* out, size_t count, DataType
                   void* scratch);
 
 // ---- shared memory (shm.cpp) ----
-/// The shared-memory window of `s`'s intra-node communicator, made (collectively, in issue
-/// order) on first use and grown to hold `bytesPerRank` per buffer, up to a cap. Returns null
-/// when the intra-node ranks do not share memory.
-ShmWindow* shmWindow(CommState& s, size_t bytesPerRank, OpContext& ctx);
+/// Whether the members of `node` (a group on one node: an intra level) share memory; asked
+/// once, collectively, and remembered in the group's state.
+bool shmAvailable(Group& node, OpContext& ctx);
+/// The shared-memory window of `node`, made (collectively, in issue order) on first use and
+/// grown to hold `bytesPerRank` per buffer, up to a cap. Returns null when the members do not
+/// share memory.
+ShmWindow* shmWindow(Group& node, size_t bytesPerRank, OpContext& ctx);
 void shmReduceScatter(Schedule& s, ShmWindow& w, const void* in, void* out, const Blocks& blocks,
                       DataType t, ReduceOp op);
 void shmAllGather(Schedule& s, ShmWindow& w, void* buf, const Blocks& blocks, DataType t);
@@ -82,13 +86,19 @@ void shmAllReduce(Schedule& s, ShmWindow& w, const void* in, void* out, size_t c
 /// leaked at exit instead of freed collectively, which could hang).
 void markShmRunning(ShmWindow* w, bool running);
 
-/// Algorithms a level can run.
-enum class LevelAlgo { kRing, kRhd, kShm };
-const char* levelAlgoName(LevelAlgo a);
+// ---- the backend's own collectives (flat.cpp), for levels on any backend ----
+/// Blocks of `blockCount` elements each (the backend's collectives take uniform blocks); out
+/// may be exactly my block of in (in place, the layout NCCL takes) or disjoint from it.
+void flatReduceScatter(Schedule& s, const void* in, void* out, size_t blockCount, DataType t,
+                       ReduceOp op);
+/// buf holds size() blocks of `blockCount`; mine is filled on entry, every block on exit.
+void flatAllGather(Schedule& s, void* buf, size_t blockCount, DataType t);
+/// in == out (in place) or disjoint.
+void flatAllReduce(Schedule& s, const void* in, void* out, size_t count, DataType t, ReduceOp op);
 
-/// The cost model's verdict (fourd::isSupported) on this group's shape, so that an explicit
-/// request fails with the same reason explain() shows (registry.cpp).
-bool shapeSupports(Collective c, Algorithm a, const CommState& s, std::string* reason);
+/// Algorithms a level can run: fourd's own on host memory, the backend's own anywhere.
+enum class LevelAlgo { kRing, kRhd, kShm, kFlat };
+const char* levelAlgoName(LevelAlgo a);
 
 /// Small-message threshold of rhdAllReduce (bytes): below it, recursive doubling.
 size_t rhdDoublingThreshold();

@@ -1,7 +1,6 @@
 // The table of built-in algorithms. Each algorithm file defines one AlgorithmImpl constant;
 // docs/algorithms.md describes them (phases, bytes per rank, cost).
-#include "algorithms/levels.hpp"
-#include "internal/comm_state.hpp"
+#include "internal/group.hpp"
 
 namespace fourd::detail {
 
@@ -11,13 +10,8 @@ extern const AlgorithmImpl kRhdAlgorithm;
 extern const AlgorithmImpl kHierarchicalAlgorithm;
 extern const AlgorithmImpl kShmAlgorithm;
 
-bool shapeSupports(Collective c, Algorithm a, const CommState& s, std::string* reason) {
-  GroupShape shape;
-  shape.size = s.topo.size;
-  shape.nodes = s.topo.numNodes;
-  shape.uniform = s.topo.uniform;
-  shape.ranksPerNode = s.topo.uniform ? s.topo.k : 0;
-  return isSupported(c, a, shape, reason);
+bool shapeSupports(Collective c, Algorithm a, const Group& g, std::string* reason) {
+  return isSupported(c, a, g.shape(), reason);
 }
 
 const AlgorithmImpl* algorithmImpl(Algorithm a) {

@@ -106,7 +106,7 @@ size_t rhdReduceScatterScratch(const Blocks& B, size_t es) {
 
 void rhdReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B, DataType t,
                       ReduceOp op, void* scratch) {
-  const int p = s.comm().size(), r = s.comm().rank();
+  const int p = s.size(), r = s.rank();
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);
@@ -145,7 +145,7 @@ void rhdReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B,
 }
 
 void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t) {
-  const int p = s.comm().size(), r = s.comm().rank();
+  const int p = s.size(), r = s.rank();
   if (p == 1) return;
   const size_t es = dataTypeSize(t);
   char* buf = static_cast<char*>(bufV);
@@ -175,7 +175,7 @@ size_t rhdAllReduceScratch(size_t count, int p, size_t es) {
 
 void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataType t, ReduceOp op,
                   void* scratch) {
-  const int p = s.comm().size(), r = s.comm().rank();
+  const int p = s.size(), r = s.rank();
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);

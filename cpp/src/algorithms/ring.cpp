@@ -68,7 +68,7 @@ size_t ringReduceScatterScratch(const Blocks& blocks, size_t elemSize) {
 
 void ringReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B, DataType t,
                        ReduceOp op, void* scratch) {
-  const int p = s.comm().size(), r = s.comm().rank();
+  const int p = s.size(), r = s.rank();
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);
@@ -126,7 +126,7 @@ void ringReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B
 }
 
 void ringAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t) {
-  const int p = s.comm().size(), r = s.comm().rank();
+  const int p = s.size(), r = s.rank();
   if (p == 1) return;
   const size_t es = dataTypeSize(t);
   char* buf = static_cast<char*>(bufV);
@@ -161,7 +161,7 @@ size_t ringAllReduceScratch(size_t count, int p, size_t elemSize) {
 
 void ringAllReduce(Schedule& s, const void* in, void* out, size_t count, DataType t, ReduceOp op,
                    void* scratch) {
-  const int p = s.comm().size(), r = s.comm().rank();
+  const int p = s.size(), r = s.rank();
   const size_t es = dataTypeSize(t);
   if (oneRankAllReduce(s, in, out, count * es)) return;
   const Blocks B = Blocks::even(count, p);

@@ -35,22 +35,41 @@ size_t Blocks::maxCount() const noexcept {
 
 // ---- Schedule -------------------------------------------------------------------------------
 
+Schedule::Schedule(Backend& backend, int tag)
+    : backend_(&backend), tag_(tag), reqs_(backend.requests()) {}
+
+Schedule::~Schedule() {
+  // A schedule left unfinished by an exception: nothing it posted may write into its buffers
+  // after the operation has failed (the caller's buffers may be reused or freed).
+  if (!done()) abandon(1.0);
+}
+
+bool Schedule::abandon(double seconds) noexcept { return reqs_->abandon(seconds); }
+
 Schedule::Handle Schedule::send(const void* buf, size_t bytes, int peer) {
   Msg m;
   m.sbuf = buf;
-  return post(Kind::kSend, m, bytes, peer);
+  m.bytes = bytes;
+  m.peer = peer;
+  return add(Kind::kSend, std::move(m));
 }
 
 Schedule::Handle Schedule::recv(void* buf, size_t bytes, int peer) {
   Msg m;
   m.rbuf = buf;
-  return post(Kind::kRecv, m, bytes, peer);
-}
-
-Schedule::Handle Schedule::post(Kind kind, Msg m, size_t bytes, int peer) {
   m.bytes = bytes;
   m.peer = peer;
-  msgs_.push_back(m);
+  return add(Kind::kRecv, std::move(m));
+}
+
+Schedule::Handle Schedule::collective(std::function<void(Requests&)> post) {
+  Msg m;
+  m.post = std::move(post);
+  return add(Kind::kCollective, std::move(m));
+}
+
+Schedule::Handle Schedule::add(Kind kind, Msg m) {
+  msgs_.push_back(std::move(m));
   Action a{kind};
   a.first = static_cast<Handle>(msgs_.size()) - 1;
   actions_.push_back(std::move(a));
@@ -93,11 +112,7 @@ bool Schedule::testCurrent() {
   if (a.kind == Kind::kUntil) return a.ready();
   size_t b, e;
   waitRange(a, &b, &e);
-  if (b == e) return true;
-  int flag = 0;
-  checkMpi(MPI_Testall(static_cast<int>(e - b), reqs_.data() + b, &flag, MPI_STATUSES_IGNORE),
-           "MPI_Testall");
-  return flag != 0;
+  return b == e || reqs_->test(b, e);
 }
 
 bool Schedule::advance(OpContext& ctx) {
@@ -105,12 +120,14 @@ bool Schedule::advance(OpContext& ctx) {
     Action& a = actions_[next_];
     switch (a.kind) {
       case Kind::kSend:
-      case Kind::kRecv: {
+      case Kind::kRecv:
+      case Kind::kCollective: {
         Msg& m = msgs_[a.first];
-        m.reqBegin = reqs_.size();
-        if (a.kind == Kind::kSend) comm_->isend(m.sbuf, m.bytes, m.peer, tag_, reqs_, peers_);
-        else comm_->irecv(m.rbuf, m.bytes, m.peer, tag_, reqs_, peers_);
-        m.reqEnd = reqs_.size();
+        m.reqBegin = reqs_->size();
+        if (a.kind == Kind::kSend) backend_->isend(m.sbuf, m.bytes, m.peer, tag_, *reqs_);
+        else if (a.kind == Kind::kRecv) backend_->irecv(m.rbuf, m.bytes, m.peer, tag_, *reqs_);
+        else m.post(*reqs_);
+        m.reqEnd = reqs_->size();
         break;
       }
       case Kind::kWait:
@@ -131,7 +148,7 @@ void Schedule::run(OpContext& ctx) {
     if (a.kind == Kind::kWait) {
       size_t b, e;
       waitRange(a, &b, &e);
-      comm_->wait(reqs_.data() + b, static_cast<int>(e - b), peers_.data() + b, ctx);
+      reqs_->wait(b, e, ctx);
     } else {
       detail::waitUntil(a.ready, a.laggards, ctx, a.spinMicros);
     }
@@ -150,15 +167,7 @@ void Schedule::timeout(OpContext& ctx) {
     } else if (a.kind == Kind::kWait) {
       size_t b, e;
       waitRange(a, &b, &e);
-      std::vector<int> missing;
-      for (size_t i = b; i < e; ++i) {
-        int flag = 1;
-        if (reqs_[i] != MPI_REQUEST_NULL) MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE);
-        if (!flag && peers_[i] >= 0) {
-          const int w = comm_->worldRanks().at(peers_[i]);
-          if (std::find(missing.begin(), missing.end(), w) == missing.end()) missing.push_back(w);
-        }
-      }
+      const std::vector<int> missing = reqs_->pendingPeers(b, e);
       if (!missing.empty()) {
         os << "; peers that never arrived: world ranks [";
         for (size_t i = 0; i < missing.size(); ++i) os << (i ? ", " : "") << missing[i];

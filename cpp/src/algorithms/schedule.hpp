@@ -2,10 +2,11 @@
 //
 //   Blocks    - how a buffer is cut into one contiguous block per rank (uneven when the count is
 //               not divisible).
-//   Schedule  - a resumable list of actions over one MpiComm: post a send / receive, wait for
-//               posted messages, run a local step (a reduction, a copy), wait for a condition
-//               (a shared-memory flag). Built first, then run. A Schedule can run alone
-//               (blocking: every wait on messages is MpiComm::wait with the op's deadline) or
+//   Schedule  - a resumable list of actions over one Backend: post a send / receive or one of
+//               the backend's own collectives, wait for what was posted, run a local step (a
+//               reduction, a copy), wait for a condition (a shared-memory flag). Built first,
+//               then run. A Schedule can run alone (blocking: every wait on requests is
+//               Requests::wait with the op's deadline) or
 //               several can be advanced together (runConcurrently), which is how the levels of
 //               "hierarchical" overlap: the inter-node schedule of chunk i progresses while the
 //               intra-node schedule of chunk i+1 runs. This is MPICH's "NBC schedule" idea in
@@ -23,7 +24,7 @@
 #include <vector>
 
 #include "fourd/data_type.hpp"
-#include "internal/mpi_comm.hpp"
+#include "internal/backend.hpp"
 #include "internal/op_context.hpp"
 
 namespace fourd::detail {
@@ -50,21 +51,28 @@ class Schedule {
  public:
   using Handle = int;
 
-  /// Messages go over `comm` with `tag`.
-  Schedule(MpiComm& comm, int tag) : comm_(&comm), tag_(tag) {}
+  /// Messages go over `backend` with `tag`.
+  Schedule(Backend& backend, int tag);
+  ~Schedule();
   Schedule(const Schedule&) = delete;
   Schedule& operator=(const Schedule&) = delete;
 
-  MpiComm& comm() const noexcept { return *comm_; }
+  Backend& backend() const noexcept { return *backend_; }
+  /// The backend's rank and size (the members of this schedule's messages).
+  int rank() const noexcept { return backend_->rank(); }
+  int size() const noexcept { return backend_->size(); }
 
   // ---- building ----
   /// Posts a non-blocking send / receive of `bytes` (0 is allowed) when reached.
   Handle send(const void* buf, size_t bytes, int peer);
   Handle recv(void* buf, size_t bytes, int peer);
-  /// Waits for the messages [first, last) (handles are consecutive integers from 0).
+  /// Posts one of the backend's own non-blocking collectives when reached: `post` receives
+  /// the schedule's request set (Backend::iallReduce and the like).
+  Handle collective(std::function<void(Requests&)> post);
+  /// Waits for the handles [first, last) (consecutive integers from 0).
   void wait(Handle first, Handle last);
   void wait(Handle h) { wait(h, h + 1); }
-  /// Waits for every message posted so far.
+  /// Waits for everything posted so far.
   void waitAll();
   /// Runs a local step (a reduction or a copy) when reached.
   void compute(std::function<void()> fn);
@@ -73,22 +81,24 @@ class Schedule {
   /// that run on other cores; 0 when ranks may outnumber cores).
   void waitUntil(std::function<bool()> ready, std::function<std::string()> laggards,
                  double spinMicros = 0.0);
-  /// Number of message handles created so far.
+  /// Number of handles created so far.
   Handle handles() const noexcept { return static_cast<Handle>(msgs_.size()); }
 
   // ---- running ----
   /// Runs actions until one cannot proceed without blocking; true once every action has run.
   bool advance(OpContext& ctx);
-  /// Runs to completion; waits on messages with MpiComm::wait (ctx's deadline).
+  /// Runs to completion; waits on requests with Requests::wait (ctx's deadline).
   void run(OpContext& ctx);
   bool done() const noexcept { return next_ == actions_.size(); }
+  /// Stops what is still pending after a failure (Requests::abandon).
+  bool abandon(double seconds) noexcept;
 
  private:
   friend void runConcurrently(const std::vector<Schedule*>&, OpContext&);
-  enum class Kind { kSend, kRecv, kWait, kCompute, kUntil };
+  enum class Kind { kSend, kRecv, kCollective, kWait, kCompute, kUntil };
   struct Action {
     Kind kind;
-    Handle first = 0, last = 0;  // kSend/kRecv: the handle; kWait: the range
+    Handle first = 0, last = 0;  // kSend/kRecv/kCollective: the handle; kWait: the range
     std::function<void()> fn;
     std::function<bool()> ready;
     std::function<std::string()> laggards;
@@ -99,22 +109,21 @@ class Schedule {
     void* rbuf = nullptr;
     size_t bytes = 0;
     int peer = -1;
+    std::function<void(Requests&)> post;  // kCollective
     size_t reqBegin = 0, reqEnd = 0;  // filled when posted
   };
-  // Appends message m (its buffer set) of `bytes` to / from `peer` and the action posting it.
-  Handle post(Kind kind, Msg m, size_t bytes, int peer);
+  Handle add(Kind kind, Msg m);
   // Requests of the wait at actions_[next_] (a contiguous range).
   void waitRange(const Action& a, size_t* begin, size_t* end) const;
   bool testCurrent();
   // Throws TimeoutError naming whatever the current action waits for.
   [[noreturn]] void timeout(OpContext& ctx);
 
-  MpiComm* comm_;
+  Backend* backend_;
   int tag_;
+  std::unique_ptr<Requests> reqs_;
   std::vector<Action> actions_;
   std::vector<Msg> msgs_;
-  std::vector<MPI_Request> reqs_;
-  std::vector<int> peers_;
   size_t next_ = 0;
 };
 

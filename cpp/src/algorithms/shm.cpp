@@ -2,8 +2,8 @@
 //
 // k ranks on one node, n bytes (nccl-tests sizes); c = memcpy time per byte, gamma = reduction
 // time per byte of one input, s = one flag barrier (each rank stores its counter and reads the
-// k counters). The window (MPI_Win_allocate_shared on the node's communicator, cached in
-// CommState::cache) gives each rank a segment of three buffers of B bytes; B grows with the
+// k counters). The window (the backend's SharedSegment: MPI_Win_allocate_shared for MPI, kept
+// in the node level's state) gives each rank a segment of three buffers of B bytes; B grows with the
 // messages up to 512 KiB (1 MiB when the machine's ranks outnumber its cores;
 // FOURD_SHM_BUFFER_BYTES overrides), and larger messages are pipelined through it in chunks of
 // B bytes, one barrier per chunk (see "Buffer discipline" below).
@@ -38,10 +38,10 @@
 // barrier g+2. This holds across operations too (a new operation's first chunk takes the next
 // barrier's number), so one barrier per chunk is enough and no barrier closes an operation.
 //
-// Supported when the group is on one node (and its ranks share memory; the first operation
-// checks with MPI_COMM_TYPE_SHARED, and if they do not, runs the ring instead and reports shm
-// unsupported from then on). "hierarchical" uses the same building blocks as its intra-node
-// level.
+// Supported when the group is on one node, in host memory, and its ranks share memory (the
+// first operation asks the backend, MPI_COMM_TYPE_SHARED for MPI; if they do not, it runs the
+// ring instead and reports shm unsupported from then on). "hierarchical" uses the same
+// building blocks as its intra-node level.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -52,8 +52,8 @@
 #include <unistd.h>
 
 #include "algorithms/levels.hpp"
+#include "algorithms/whole_group.hpp"
 #include "fourd/error.hpp"
-#include "internal/comm_state.hpp"
 #include "internal/op_context.hpp"
 #include "internal/reduce_kernels.hpp"
 
@@ -61,51 +61,24 @@ namespace fourd::detail {
 
 struct ShmWindow {
   static constexpr size_t kCtrl = 256;  // my barrier counter, on its own cache lines
-  MPI_Win win = MPI_WIN_NULL;
-  MpiComm* comm = nullptr;  // the intra-node communicator (owned by the CommState)
+  std::unique_ptr<SharedSegment> seg;
+  const std::vector<int>* worldRanks = nullptr;  // of the node's members, for messages
   int k = 0, me = 0;
   size_t bufBytes = 0;          // bytes per buffer; each rank has three
   size_t cap = 0;               // the most bufBytes may grow to
-  std::vector<char*> base;      // every rank's segment, mapped here
   uint64_t bars = 0;            // barriers this rank has passed
   bool clean = true;            // false while an operation runs or after one failed
   double spinMicros = 0.0;      // barrier spin before yielding: > 0 only with a core per rank
 
-  uint64_t* counter(int j) const { return reinterpret_cast<uint64_t*>(base[j]); }
-  char* buffer(int j, uint64_t chunk) const { return base[j] + kCtrl + (chunk % 3) * bufBytes; }
+  uint64_t* counter(int j) const { return reinterpret_cast<uint64_t*>(seg->base(j)); }
+  char* buffer(int j, uint64_t chunk) const {
+    return seg->base(j) + kCtrl + (chunk % 3) * bufBytes;
+  }
 
   ~ShmWindow() { release(); }
   void release() noexcept {
-    if (win == MPI_WIN_NULL) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    // MPI_Win_free is collective: after a failed operation the peers may never arrive, so the
-    // window is leaked rather than risk a hang at exit. Before it, a deadline-aware barrier:
-    // a peer that never frees its window makes this rank leak it instead of hanging, and (seen
-    // with MPICH 5 at 8 ranks on 2 cores) a rank that leaves MPI_Win_free early and goes on to
-    // other MPI calls could leave its peers spinning inside MPI_Win_free for good.
-    if (!finalized && clean && comm != nullptr) {
-      OpContext ctx;
-      ctx.op = "free of a shared-memory window";
-      ctx.axis = "intra";
-      ctx.start = Clock::now();
-      ctx.timeoutSeconds = 60.0;
-      ctx.deadline = ctx.start + std::chrono::seconds(60);
-      bool together = false;
-      try {
-        MPI_Request r;
-        if (MPI_Ibarrier(comm->handle(), &r) == MPI_SUCCESS) {
-          comm->wait(&r, 1, nullptr, ctx);
-          together = true;
-        }
-      } catch (...) {
-      }
-      if (together) {
-        MPI_Win_unlock_all(win);
-        MPI_Win_free(&win);
-      }
-    }
-    win = MPI_WIN_NULL;
+    if (seg) seg->release(clean);
+    seg.reset();
   }
 };
 
@@ -114,6 +87,7 @@ namespace {
 constexpr const char* kWindowKey = "shm.window";
 constexpr size_t kTileBytes = 32 * 1024;
 constexpr const char* kUnavailableKey = "shm.unavailable";
+constexpr const char* kSharesKey = "shm.shares";
 
 // Bytes per buffer (each rank has three). Small buffers keep a chunk in the caches between its
 // copy-in and its copy-out; larger ones need fewer barriers, which matters when the node's ranks
@@ -139,14 +113,14 @@ size_t bufferCap(int k) {
 void barrier(Schedule& s, ShmWindow* w) {
   s.compute([w] {
     ++w->bars;
-    MPI_Win_sync(w->win);
+    w->seg->sync();
     __atomic_store_n(w->counter(w->me), w->bars, __ATOMIC_RELEASE);
   });
   s.waitUntil(
       [w] {
         for (int j = 0; j < w->k; ++j)
           if (__atomic_load_n(w->counter(j), __ATOMIC_ACQUIRE) < w->bars) return false;
-        MPI_Win_sync(w->win);
+        w->seg->sync();
         return true;
       },
       [w] {
@@ -155,7 +129,7 @@ void barrier(Schedule& s, ShmWindow* w) {
         bool first = true;
         for (int j = 0; j < w->k; ++j) {
           if (__atomic_load_n(w->counter(j), __ATOMIC_ACQUIRE) < w->bars) {
-            os << (first ? "" : ", ") << w->comm->worldRanks().at(j);
+            os << (first ? "" : ", ") << w->worldRanks->at(j);
             first = false;
           }
         }
@@ -184,84 +158,84 @@ struct Rounds {
 
 }  // namespace
 
-ShmWindow* shmWindow(CommState& s, size_t bytesPerRank, OpContext& ctx) {
-  if (s.cache.count(kUnavailableKey)) return nullptr;
-  if (!s.intraSharesMemory(ctx)) {
-    s.cache[kUnavailableKey] = std::make_shared<int>(1);
-    return nullptr;
+bool shmAvailable(Group& node, OpContext& ctx) {
+  auto& st = node.state();
+  auto it = st.find(kSharesKey);
+  if (it == st.end()) {
+    const bool shares = node.backend().hostMemory() && node.backend().sharesMemory(ctx);
+    it = st.emplace(kSharesKey, std::make_shared<bool>(shares)).first;
   }
-  MpiComm& intra = s.intra(ctx);
-  const size_t cap = bufferCap(intra.size());
-  size_t want = 64 * 1024;
-  while (want < bytesPerRank && want < cap) want *= 2;
-  want = std::min(want, cap);
-  auto it = s.cache.find(kWindowKey);
-  ShmWindow* w = it == s.cache.end() ? nullptr : static_cast<ShmWindow*>(it->second.get());
-  if (w && (w->bufBytes >= want || w->bufBytes >= w->cap)) return w;
-  // (Re)allocate. Every rank asks for the same size (collectives have equal counts), so all
-  // take this branch together. The deadline-aware agreement first: a missing rank times out
-  // here instead of hanging in the collective window calls, no peer still reads the old
-  // window, and every rank takes the smallest size asked (the buffer arithmetic needs one).
-  {
-    unsigned long long mine = want, all = 0;
-    MPI_Request r;
-    checkMpi(MPI_Iallreduce(&mine, &all, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, intra.handle(), &r),
-             "MPI_Iallreduce");
-    intra.wait(&r, 1, nullptr, ctx);
-    want = static_cast<size_t>(all);
-  }
-  if (w) {
-    w->release();
-    s.cache.erase(kWindowKey);
-  }
+  return *static_cast<bool*>(it->second.get());
+}
+
+namespace {
+
+// Every rank asks for the same size (collectives have equal counts); the agreement makes a
+// missing rank time out here instead of hanging in the collective window calls, makes sure no
+// peer still reads the old window, and has every rank take the smallest size asked (the
+// buffer arithmetic needs one).
+size_t agreedBytes(Group& node, size_t want, OpContext& ctx) {
+  int64_t mine = static_cast<int64_t>(want), all = 0;
+  node.backend().allReduce(Buffer(&mine, 1, DataType::kInt64), Buffer(&all, 1, DataType::kInt64),
+                           ReduceOp::kMin, ctx);
+  return static_cast<size_t>(all);
+}
+
+// Whether this machine's ranks (all of them: virtual nodes share the cores too, and so do the
+// other groups of the grid) outnumber its cores, as the grid found at init. The group's k
+// alone said "spin" to two groups of 2 ranks on 2 cores: a spinning waiter then held the core
+// its peer needed, and 4 KiB all-reduces took 145 us instead of 25.
+double barrierSpin(int k) {
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return (!detail::oversubscribed() && cores > 0 && k <= cores) ? 50.0 : 0.0;
+}
+
+std::shared_ptr<ShmWindow> newWindow(Group& node, size_t want, size_t cap, OpContext& ctx) {
   auto nw = std::make_shared<ShmWindow>();
-  nw->comm = &intra;
-  nw->k = intra.size();
-  nw->me = intra.rank();
+  nw->k = node.size();
+  nw->me = node.rank();
+  nw->worldRanks = &node.backend().worldRanks();
   nw->bufBytes = want;
   nw->cap = cap;
-  {
-    // Whether this machine's ranks (all of them: virtual nodes share the cores too, and so do
-    // the other groups of the grid) outnumber its cores, as the grid found at init. The
-    // group's k alone said "spin" to two groups of 2 ranks on 2 cores: a spinning waiter
-    // then held the core its peer needed, and 4 KiB all-reduces took 145 us instead of 25.
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    nw->spinMicros = (!detail::oversubscribed() && cores > 0 && nw->k <= cores) ? 50.0 : 0.0;
-  }
-  MPI_Info info;
-  MPI_Info_create(&info);
-  MPI_Info_set(info, "alloc_shared_noncontig", "true");
-  char* mine = nullptr;
-  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(ShmWindow::kCtrl + 3 * want), 1,
-                                         info, intra.handle(), &mine, &nw->win);
-  MPI_Info_free(&info);
-  checkMpi(rc, "MPI_Win_allocate_shared");
-  MPI_Win_set_errhandler(nw->win, MPI_ERRORS_RETURN);
-  nw->base.resize(nw->k);
-  for (int j = 0; j < nw->k; ++j) {
-    MPI_Aint size = 0;
-    int disp = 0;
-    void* p = nullptr;
-    checkMpi(MPI_Win_shared_query(nw->win, j, &size, &disp, &p), "MPI_Win_shared_query");
-    nw->base[j] = static_cast<char*>(p);
-  }
-  checkMpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, nw->win), "MPI_Win_lock_all");
+  nw->spinMicros = barrierSpin(nw->k);
+  const size_t bytes = ShmWindow::kCtrl + 3 * want;
+  nw->seg = node.backend().sharedSegment(bytes, ctx);
+  if (!nw->seg) return nullptr;
   // Fault every page in now: my segment by writing it, the peers' by reading one byte a page
   // (each process maps the window separately). Otherwise the first operations through each
   // buffer pay a page fault per 4 KiB, several times the copy itself.
-  std::memset(mine, 0, ShmWindow::kCtrl + 3 * want);
+  std::memset(nw->seg->base(nw->me), 0, bytes);
   __atomic_store_n(nw->counter(nw->me), uint64_t(0), __ATOMIC_RELEASE);
-  MPI_Win_sync(nw->win);
-  intra.barrier(ctx);
-  {
-    volatile char sink = 0;
-    for (int j = 0; j < nw->k; ++j)
-      for (size_t off = 0; off < ShmWindow::kCtrl + 3 * want; off += 4096)
-        sink = sink + nw->base[j][off];
-    (void)sink;
+  nw->seg->sync();
+  node.backend().barrier(ctx);
+  volatile char sink = 0;
+  for (int j = 0; j < nw->k; ++j)
+    for (size_t off = 0; off < bytes; off += 4096) sink = sink + nw->seg->base(j)[off];
+  (void)sink;
+  return nw;
+}
+
+}  // namespace
+
+ShmWindow* shmWindow(Group& node, size_t bytesPerRank, OpContext& ctx) {
+  if (!shmAvailable(node, ctx)) return nullptr;
+  const size_t cap = bufferCap(node.size());
+  size_t want = 64 * 1024;
+  while (want < bytesPerRank && want < cap) want *= 2;
+  want = std::min(want, cap);
+  auto& st = node.state();
+  auto it = st.find(kWindowKey);
+  ShmWindow* w = it == st.end() ? nullptr : static_cast<ShmWindow*>(it->second.get());
+  if (w && (w->bufBytes >= want || w->bufBytes >= w->cap)) return w;
+  want = agreedBytes(node, want, ctx);
+  if (w) {
+    w->release();
+    st.erase(kWindowKey);
   }
+  auto nw = newWindow(node, want, cap, ctx);
+  if (!nw) return nullptr;
   ShmWindow* raw = nw.get();
-  s.cache[kWindowKey] = nw;
+  st[kWindowKey] = std::move(nw);
   return raw;
 }
 
@@ -423,6 +397,7 @@ const char* levelAlgoName(LevelAlgo a) {
     case LevelAlgo::kRing: return "ring";
     case LevelAlgo::kRhd: return "rhd";
     case LevelAlgo::kShm: return "shm";
+    case LevelAlgo::kFlat: return "flat";
   }
   return "?";
 }
@@ -431,9 +406,10 @@ const char* levelAlgoName(LevelAlgo a) {
 
 namespace {
 
-bool supports(Collective c, CommState& s, std::string* reason) {
-  if (!shapeSupports(c, Algorithm::kShm, s, reason)) return false;  // spans nodes
-  if (s.cache.count(kUnavailableKey)) {
+bool supports(Collective c, const Group& g, std::string* reason) {
+  if (!shapeSupports(c, Algorithm::kShm, g, reason)) return false;  // spans nodes
+  if (!onHostMemory(g, reason)) return false;
+  if (g.state().count(kUnavailableKey)) {
     if (reason) {
       *reason = "the ranks of the group do not share memory (MPI_COMM_TYPE_SHARED splits them)";
     }
@@ -442,51 +418,50 @@ bool supports(Collective c, CommState& s, std::string* reason) {
   return true;
 }
 
+// The window of a one-node group (on its intra level: the same members, its own
+// communicator), or null when its ranks turn out not to share memory: checked collectively,
+// so all agree; the caller runs the ring this time and supports() reports shm unavailable
+// from then on.
+ShmWindow* windowOf(Group& g, size_t bytes, OpContext& ctx) {
+  ShmWindow* w = shmWindow(g.intra(ctx), bytes, ctx);
+  if (!w) g.state()[kUnavailableKey] = std::make_shared<int>(1);
+  return w;
+}
+
 // Runs `build` on the window's schedule; marks the window unclean if anything throws.
 template <class F>
-void runOnWindow(CommState& st, ShmWindow& w, OpContext& ctx, F&& build) {
-  Schedule s(st.intra(ctx), ctx.tag);
+void runOnWindow(Group& g, ShmWindow& w, OpContext& ctx, F&& build) {
+  Schedule s(g.intra(ctx).backend(), ctx.tag);
   build(s);
   w.clean = false;
   s.run(ctx);
   w.clean = true;
 }
 
-void allReduce(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
-  ShmWindow* w = shmWindow(st, in.bytes(), ctx);
-  if (!w) {
-    // The ranks turned out not to share memory (checked collectively, so all agree): run the
-    // ring this time; supports() reports shm unavailable from now on.
-    algorithmImpl(Algorithm::kRing)->allReduce(st, in, out, op, ctx);
-    return;
-  }
-  runOnWindow(st, *w, ctx, [&](Schedule& s) {
+void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  ShmWindow* w = windowOf(g, in.bytes(), ctx);
+  if (!w) return algorithmImpl(Algorithm::kRing)->allReduce(g, in, out, op, ctx);
+  runOnWindow(g, *w, ctx, [&](Schedule& s) {
     shmAllReduce(s, *w, in.data, out.data, in.count, in.dtype, op);
   });
 }
 
-void allGather(CommState& st, const Buffer& in, const Buffer& out, OpContext& ctx) {
-  ShmWindow* w = shmWindow(st, in.bytes(), ctx);
-  if (!w) {
-    algorithmImpl(Algorithm::kRing)->allGather(st, in, out, ctx);
-    return;
-  }
-  const Buffer mine = out.slice(in.count * st.rank(), in.count);
+void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
+  ShmWindow* w = windowOf(g, in.bytes(), ctx);
+  if (!w) return algorithmImpl(Algorithm::kRing)->allGather(g, in, out, ctx);
+  const Buffer mine = out.slice(in.count * g.rank(), in.count);
   if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
-  runOnWindow(st, *w, ctx, [&](Schedule& s) {
-    shmAllGather(s, *w, out.data, Blocks::uniform(in.count, st.size()), in.dtype);
+  runOnWindow(g, *w, ctx, [&](Schedule& s) {
+    shmAllGather(s, *w, out.data, Blocks::uniform(in.count, g.size()), in.dtype);
   });
 }
 
-void reduceScatter(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op,
-                   OpContext& ctx) {
-  ShmWindow* w = shmWindow(st, in.bytes(), ctx);
-  if (!w) {
-    algorithmImpl(Algorithm::kRing)->reduceScatter(st, in, out, op, ctx);
-    return;
-  }
-  runOnWindow(st, *w, ctx, [&](Schedule& s) {
-    shmReduceScatter(s, *w, in.data, out.data, Blocks::uniform(out.count, st.size()), in.dtype, op);
+void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  ShmWindow* w = windowOf(g, in.bytes(), ctx);
+  if (!w) return algorithmImpl(Algorithm::kRing)->reduceScatter(g, in, out, op, ctx);
+  runOnWindow(g, *w, ctx, [&](Schedule& s) {
+    shmReduceScatter(s, *w, in.data, out.data, Blocks::uniform(out.count, g.size()), in.dtype,
+                     op);
   });
 }
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "algorithms/levels.hpp"
-#include "internal/comm_state.hpp"
+#include "internal/group.hpp"
 
 namespace fourd::detail {
 
@@ -27,33 +27,45 @@ struct LevelCollectives {
                         ReduceOp op, void* scratch);
 };
 
-/// AlgorithmImpl functions that run L on the whole group (any size: supports() is always true).
+/// Whether a group's backend can carry fourd's point-to-point algorithms (host memory: their
+/// reductions and copies run on the CPU).
+inline bool onHostMemory(const Group& g, std::string* reason) {
+  if (g.backend().hostMemory()) return true;
+  if (reason) {
+    *reason = "fourd's point-to-point algorithms run on host memory; this group's buffers are "
+              "on the GPU (backend " + g.backend().kind() + ": flat or hierarchical)";
+  }
+  return false;
+}
+
+/// AlgorithmImpl functions that run L on the whole group (any size, host memory).
 template <const LevelCollectives& L>
 struct WholeGroup {
-  static bool supports(Collective, CommState&, std::string*) { return true; }
+  static bool supports(Collective, const Group& g, std::string* reason) {
+    return onHostMemory(g, reason);
+  }
 
-  static void allReduce(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op,
+  static void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op,
                         OpContext& ctx) {
-    void* scratch =
-        st.scratch(0, L.allReduceScratch(in.count, st.size(), dataTypeSize(in.dtype)));
-    Schedule s(*st.mpi, ctx.tag);
+    void* scratch = g.scratch(0, L.allReduceScratch(in.count, g.size(), dataTypeSize(in.dtype)));
+    Schedule s(g.backend(), ctx.tag);
     L.allReduce(s, in.data, out.data, in.count, in.dtype, op, scratch);
     s.run(ctx);
   }
 
-  static void allGather(CommState& st, const Buffer& in, const Buffer& out, OpContext& ctx) {
-    const Buffer mine = out.slice(in.count * st.rank(), in.count);
+  static void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
+    const Buffer mine = out.slice(in.count * g.rank(), in.count);
     if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
-    Schedule s(*st.mpi, ctx.tag);
-    L.allGather(s, out.data, Blocks::uniform(in.count, st.size()), in.dtype);
+    Schedule s(g.backend(), ctx.tag);
+    L.allGather(s, out.data, Blocks::uniform(in.count, g.size()), in.dtype);
     s.run(ctx);
   }
 
-  static void reduceScatter(CommState& st, const Buffer& in, const Buffer& out, ReduceOp op,
+  static void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op,
                             OpContext& ctx) {
-    const Blocks B = Blocks::uniform(out.count, st.size());
-    void* scratch = st.scratch(0, L.reduceScatterScratch(B, dataTypeSize(in.dtype)));
-    Schedule s(*st.mpi, ctx.tag);
+    const Blocks B = Blocks::uniform(out.count, g.size());
+    void* scratch = g.scratch(0, L.reduceScatterScratch(B, dataTypeSize(in.dtype)));
+    Schedule s(g.backend(), ctx.tag);
     L.reduceScatter(s, in.data, out.data, B, in.dtype, op, scratch);
     s.run(ctx);
   }

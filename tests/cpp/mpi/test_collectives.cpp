@@ -168,7 +168,7 @@ TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
                 std::string w = e.what();
                 ASSERT_NE(w.find("cannot run"), std::string::npos) << w;
                 std::string why;
-                ASSERT_FALSE(detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.state(), &why));
+                ASSERT_FALSE(detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.group(), &why));
                 ASSERT_FALSE(why.empty());
                 goto next_algo;
               }
@@ -241,7 +241,7 @@ TEST(Collectives, LargeCountsAndHierarchicalLevels) {
     CallOptions o;
     o.algorithm = algo;
     std::string why;
-    if (p > 1 && !detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.state(), &why)) return;
+    if (p > 1 && !detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.group(), &why)) return;
     SCOPED_TRACE(std::string("axis ") + comm.name() + " algo " + algorithmName(algo) + " dtype " +
                  toString(t) + " count " + std::to_string(count));
     std::vector<char> buf(count * es);

@@ -1,0 +1,42 @@
+// The MPI backend (backend.hpp) over one MPI communicator, and the MPI helpers the grid needs.
+//
+// Every operation is non-blocking underneath (MPI_I*) and completed by MpiRequests::wait, which
+// polls with the operation's deadline and an interrupt check, so no call into MPI can hang past
+// its deadline. Point-to-point messages are sent as bytes and split into 1 GiB pieces, so their
+// sizes are not limited by int; the library's collectives take at most 2^31-1 elements.
+// float16 / bfloat16 reductions use fourd's own commutative MPI operators (accumulating in
+// float32), so any MPI library works.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fourd/buffer.hpp"
+#include "fourd/data_type.hpp"
+#include "internal/backend.hpp"
+
+namespace fourd::detail {
+
+/// Throws BackendError naming `what` and MPI's error string when rc != MPI_SUCCESS.
+void checkMpi(int rc, const char* what);
+
+/// The MPI backend of `comm` (freed with the backend when `owned` and MPI is still running).
+/// `worldRanks[i]` is the world rank of rank i of `comm`. Host buffers; a CUDA-aware library's
+/// device pointers are passed through by a wrapper in cuda/ (cuda_backends.hpp).
+std::unique_ptr<Backend> makeMpiBackend(MPI_Comm comm, bool owned, std::vector<int> worldRanks);
+
+/// Completes `n` raw MPI requests (of calls outside any backend, such as MPI_Comm_idup) within
+/// ctx's deadline: TimeoutError at the deadline, AbortedError when interrupted.
+void waitMpi(MPI_Request* reqs, int n, OpContext& ctx);
+
+/// Host memory for scratch: 64-byte aligned (2 MiB and advised for huge pages from 2 MiB),
+/// every page written now, so the first operations do not pay the page faults.
+std::shared_ptr<void> allocateHost(size_t bytes);
+
+/// The MPI communicator under an MPI backend (nullptr for any other backend).
+MPI_Comm mpiHandle(const Backend& b) noexcept;
+
+}  // namespace fourd::detail

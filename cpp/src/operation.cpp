@@ -1,0 +1,251 @@
+// The engine of one operation (internal/op_spec.hpp): what runs between dispatch and the
+// algorithm, on the thread that runs it.
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include <mpi.h>
+
+#include "fourd/error.hpp"
+#include "internal/comm_state.hpp"
+#include "internal/device_path.hpp"
+#include "internal/op_spec.hpp"
+#include "internal/reduce_kernels.hpp"
+
+namespace fourd::detail {
+
+namespace {
+
+// What every rank of a group compares in debug mode.
+struct Fingerprint {
+  char op[24];
+  uint32_t mask;
+  int32_t dtype;
+  int32_t redop;
+  int32_t root;
+  int32_t algorithm;
+  int32_t pad;
+  uint64_t count;
+  uint64_t seq;
+};
+
+std::string fingerprintText(const Fingerprint& f) {
+  std::ostringstream os;
+  os << "(" << f.op << ", axis " << maskName(f.mask) << ", count " << f.count << ", dtype "
+     << toString(static_cast<DataType>(f.dtype));
+  if (f.redop >= 0) os << ", op " << toString(static_cast<ReduceOp>(f.redop));
+  if (f.root >= 0) os << ", src " << f.root;
+  os << ", algorithm " << algorithmName(static_cast<Algorithm>(f.algorithm)) << ", seq " << f.seq
+     << ")";
+  return os.str();
+}
+
+Fingerprint fingerprintOf(const CommState& s, const OpSpec& spec) {
+  Fingerprint f{};
+  std::snprintf(f.op, sizeof(f.op), "%s", spec.opName);
+  f.mask = s.mask;
+  f.dtype = static_cast<int32_t>(spec.coll == Collective::kBroadcast ? spec.out.dtype
+                                                                     : spec.in.dtype);
+  f.redop = spec.hasOp ? static_cast<int32_t>(spec.op) : -1;
+  f.root = spec.root;
+  f.algorithm = static_cast<int32_t>(spec.algorithm);
+  f.count = spec.in.count;
+  f.seq = spec.seq;
+  return f;
+}
+
+// FOURD_DEBUG: every rank compares what it called with the others; MismatchError on every
+// rank, listing which ranks called what.
+void debugCheck(CommState& s, const OpSpec& spec, OpContext& ctx) {
+  const Fingerprint mine = fingerprintOf(s, spec);
+  std::vector<Fingerprint> all(s.size());
+  s.host->backend().allGatherBytes(&mine, sizeof(mine), all.data(), ctx);
+  bool same = true;
+  for (const auto& f : all) same = same && std::memcmp(&f, &all[0], sizeof(f)) == 0;
+  if (same) return;
+  const auto& world = s.host->backend().worldRanks();
+  std::ostringstream os;
+  os << "fourd: ranks of axis '" << s.name << "' called different collectives (FOURD_DEBUG):";
+  std::vector<bool> done(all.size(), false);
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (done[i]) continue;
+    os << "\n  world ranks [";
+    bool first = true;
+    for (size_t j = i; j < all.size(); ++j) {
+      if (!done[j] && std::memcmp(&all[j], &all[i], sizeof(Fingerprint)) == 0) {
+        done[j] = true;
+        os << (first ? "" : ", ") << world[j];
+        first = false;
+      }
+    }
+    os << "] called " << fingerprintText(all[i]);
+  }
+  os << "\n  this rank (world rank " << world[s.rank()] << ") called " << fingerprintText(mine);
+  throw MismatchError(os.str());
+}
+
+// float16 / bfloat16 with accumulate_fp32 (host memory): partial sums stay float32 across
+// every step of the algorithm; rounded once at the end.
+void runWidened(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
+  const auto* impl = algorithmImpl(a);
+  const Buffer& in = spec.in;
+  const Buffer& out = spec.out;
+  float* wi = static_cast<float*>(g.scratch(2, in.count * sizeof(float)));
+  float* wo = static_cast<float*>(g.scratch(3, out.count * sizeof(float)));
+  toFloat32(wi, in.data, in.count, in.dtype);
+  Buffer win(wi, in.count, DataType::kFloat32);
+  Buffer wout(in.data == out.data && spec.coll == Collective::kAllReduce ? wi : wo, out.count,
+              DataType::kFloat32);
+  if (spec.coll == Collective::kAllReduce) impl->allReduce(g, win, wout, spec.op, ctx);
+  else impl->reduceScatter(g, win, wout, spec.op, ctx);
+  if (spec.op == ReduceOp::kAvg) scaleInPlace(wout.data, wout.count, wout.dtype, 1.0 / g.size());
+  fromFloat32(out.data, static_cast<float*>(wout.data), out.count, out.dtype);
+}
+
+}  // namespace
+
+void runAlgorithm(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
+  if (spec.coll == Collective::kBroadcast) {
+    if (spec.out.count) g.backend().broadcast(spec.out, spec.root, ctx);
+    return;
+  }
+  const bool half = spec.in.dtype == DataType::kFloat16 || spec.in.dtype == DataType::kBFloat16;
+  if (spec.opts.accumulateFp32 && spec.hasOp && half && g.backend().hostMemory()) {
+    return runWidened(g, spec, a, ctx);
+  }
+  const auto* impl = algorithmImpl(a);
+  Buffer in = spec.in, out = spec.out;
+  // Algorithms take non-overlapping buffers: an in-place reduce_scatter reduces into scratch,
+  // then copies the block over this rank's part of the input (which is no longer read).
+  if (spec.inPlace) out.data = g.scratch(4, out.bytes());
+  switch (spec.coll) {
+    case Collective::kAllReduce: impl->allReduce(g, in, out, spec.op, ctx); break;
+    case Collective::kAllGather: impl->allGather(g, in, out, ctx); break;
+    case Collective::kReduceScatter: impl->reduceScatter(g, in, out, spec.op, ctx); break;
+    default: break;
+  }
+  if (spec.hasOp && spec.op == ReduceOp::kAvg) g.backend().scale(out, 1.0 / g.size());
+  if (spec.inPlace) g.backend().copy(spec.out.data, out.data, out.bytes());
+}
+
+namespace {
+
+// An `auto` call on host buffers: its tuning (tuner.hpp) picks the algorithm; the time of a
+// timed call goes back to it, and after the last timed call of its key every rank's medians
+// are made common (one MAX all-reduce on this group, at the same call on every rank).
+void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
+  Tuner& tuner = s.selector.tuner();
+  const Tuner::Key key = spec.call.key();
+  const auto step =
+      tuner.next(key, spec.profile, [&] { return s.selector.shortlist(spec.call, spec.profile); });
+  ctx.algorithm = algorithmName(step.algorithm);
+  Backend& b = s.host->backend();
+  // A candidate's timed calls start from a barrier (the first calls of a size only): else a
+  // rank's time holds its wait for the others, whatever the algorithm.
+  if (step.barrier) b.barrier(ctx);
+  const auto t0 = Clock::now();
+  runAlgorithm(*s.host, spec, step.algorithm, ctx);
+  if (!step.timed) return;
+  const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<double> mine = tuner.record(key, spec.profile, step, dt);
+  if (mine.empty()) return;
+  std::vector<double> common(mine.size());
+  b.allReduce(Buffer(mine.data(), mine.size(), DataType::kFloat64),
+              Buffer(common.data(), common.size(), DataType::kFloat64), ReduceOp::kMax, ctx);
+  tuner.settle(key, spec.profile, common);
+}
+
+[[noreturn]] void abortJob(const std::string& msg) {
+  std::fprintf(stderr, "%s\nfourd: FOURD_ABORT_ON_TIMEOUT is set: aborting the job.\n",
+               msg.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();
+}
+
+[[noreturn]] void refusePoisoned(CommState& s, const char* opName) {
+  std::lock_guard<std::mutex> lk(s.poisonMu);
+  throw AbortedError("fourd: " + std::string(opName) + " on axis '" + s.name +
+                     "' refused: the communicator is poisoned by an earlier failure: " +
+                     s.poisonReason);
+}
+
+OpContext contextOf(CommState& s, const OpSpec& spec) {
+  OpContext ctx;
+  ctx.op = spec.opName;
+  ctx.axis = s.name;
+  ctx.algorithm = algorithmName(spec.algorithm);
+  ctx.seq = spec.seq;
+  ctx.groupWorldRanks = &s.host->backend().worldRanks();
+  ctx.timeoutSeconds = spec.opts.timeoutSeconds > 0 ? spec.opts.timeoutSeconds : s.defaultTimeout;
+  ctx.start = Clock::now();
+  ctx.deadline = deadlineAfter(ctx.start, ctx.timeoutSeconds);
+  ctx.tag = static_cast<int>(spec.seq % 30000) + 1;
+  return ctx;
+}
+
+void runBody(CommState& s, const OpSpec& spec, OpContext& ctx) {
+  if (s.debug) debugCheck(s, spec, ctx);
+  if (spec.isBarrier) {
+    s.host->backend().barrier(ctx);
+    return;
+  }
+#ifdef FOURD_HAVE_CUDA
+  if (spec.in.device == DeviceType::kCuda || spec.out.device == DeviceType::kCuda) {
+    return runDeviceOp(s, spec, ctx);
+  }
+#endif
+  if (spec.algorithm == Algorithm::kAuto) runTuned(s, spec, ctx);
+  else runAlgorithm(*s.host, spec, spec.algorithm, ctx);
+}
+
+void runOp(CommState& s, const OpSpec& spec) {
+  if (s.poisoned.load()) refusePoisoned(s, spec.opName);
+  OpContext ctx = contextOf(s, spec);
+  const std::string what = std::string("seq ") + std::to_string(spec.seq) + " (" + spec.opName;
+  try {
+    runBody(s, spec, ctx);
+  } catch (const TimeoutError& e) {
+    s.poison(what + ") timed out: " + e.what());
+    if (s.abortOnTimeout) abortJob(e.what());
+    throw;
+  } catch (const AbortedError& e) {
+    s.poison(what + ") was interrupted: " + e.what());
+    throw;
+  } catch (const BackendError& e) {
+    s.poison(what + ") failed in the backend: " + e.what());
+    throw;
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Work> dispatch(CommState& s, OpSpec spec) {
+  if (s.poisoned.load()) refusePoisoned(s, spec.opName);
+  spec.seq = s.nextSeq.fetch_add(1);
+  auto w = std::make_shared<Work>(std::string(spec.opName) + " on axis '" + s.name + "' seq " +
+                                  std::to_string(spec.seq));
+  CommState* sp = &s;
+  w->body = [sp, spec] { runOp(*sp, spec); };
+  if (spec.opts.async) {
+    s.executor.submit(w);
+    return w;
+  }
+  if (!s.executor.runInlineIfIdle(w)) {
+    // Queued behind asynchronous work on this communicator: wait in short slices so an
+    // interrupt (Ctrl-C) is seen within ~20 ms.
+    while (!w->wait(0.02)) {
+      if (interruptRequested()) {
+        throw AbortedError("fourd: interrupted while waiting for " + w->description());
+      }
+    }
+  }
+  if (auto e = w->error()) std::rethrow_exception(e);
+  return w;
+}
+
+#ifndef FOURD_HAVE_CUDA
+const Group& groupFor(const CommState& s, DeviceType) noexcept { return *s.host; }
+#endif
+
+}  // namespace fourd::detail
