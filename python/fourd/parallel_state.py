@@ -25,6 +25,10 @@ which biases and norms are reduced.
 
 Group rank i of a group is position i of ``group.ranks()`` (the grid's group-rank order), in
 fourd's collectives and in the torch group of :meth:`Group.torch_group` alike.
+
+fourd.nn and fourd.tensor_parallel take their defaults from here: :func:`default_grid` (this
+module's grid when initialised, else the current fourd grid), :data:`TP_AXES`, and
+:func:`mask_obj`, the shared :class:`AxisMask` of an axis argument.
 """
 
 from __future__ import annotations
@@ -34,11 +38,15 @@ import os
 import socket
 import threading
 
-from . import grid as _gridmod
+from . import _C
+from . import grid as _grid
 from .errors import InvalidArgumentError, NotInitializedError
 
 __all__ = [
+    "TP_AXES",
+    "AxisMask",
     "Group",
+    "default_grid",
     "destroy_model_parallel",
     "get_data_parallel_group",
     "get_data_parallel_rank",
@@ -71,9 +79,11 @@ __all__ = [
     "init_torch_distributed",
     "is_pipeline_first_stage",
     "is_pipeline_last_stage",
+    "mask_obj",
     "model_parallel_is_initialized",
 ]
 
+#: The axes of Megatron's tensor-parallel group.
 TP_AXES = ("x", "y", "z")
 
 
@@ -86,17 +96,17 @@ class AxisMask:
         self.mask = mask
 
     def __repr__(self) -> str:
-        return f"AxisMask({_gridmod.mask_name(self.mask)!r})"
+        return f"AxisMask({_grid.mask_name(self.mask)!r})"
 
 
-_MASK_OBJS = tuple(AxisMask(m) for m in range(16))
+_MASK_OBJS = tuple(AxisMask(m) for m in range(_C.WORLD_MASK + 1))
 
 
 def mask_obj(axis) -> AxisMask:
     """The shared AxisMask of an axis argument (a name, a tuple of names, or an int mask)."""
     if isinstance(axis, int) and not isinstance(axis, bool):
         return _MASK_OBJS[axis]
-    return _MASK_OBJS[_gridmod.axis_mask(axis)]
+    return _MASK_OBJS[_grid.axis_mask(axis)]
 
 
 class Group:
@@ -112,7 +122,7 @@ class Group:
     def __init__(self, grid, axis, name: str | None = None):
         self.mask = mask_obj(axis).mask
         self.grid = grid
-        self.name = name or _gridmod.mask_name(self.mask)
+        self.name = name or _grid.mask_name(self.mask)
         self._ranks = tuple(grid.ranks(self))
         self._rank = grid.rank(self)
         self._torch_pg = None
@@ -120,7 +130,7 @@ class Group:
     @property
     def axes(self) -> tuple:
         """The grid axes of this group, innermost first in the grid's canonical order."""
-        return tuple(a for a in _gridmod.AXES if self.mask & _gridmod._BIT[a])
+        return tuple(a for a in _C.AXES if self.mask & _C.parse_axis(a))
 
     def ranks(self) -> list:
         """World ranks of the group, in group-rank order."""
@@ -241,17 +251,17 @@ def initialize(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None
             raise InvalidArgumentError(
                 f"grid: expected either an existing grid or grid sizes, found both (grid and "
                 f"{', '.join(clash)})")
-        if not isinstance(grid, _gridmod.Grid):
+        if not isinstance(grid, _grid.Grid):
             raise InvalidArgumentError(f"grid: expected a fourd.Grid, found {type(grid).__name__}")
         g, owns = grid, False
     else:
-        g, owns = _gridmod.init(x=x, y=y, z=z, data=data, order=order,
+        g, owns = _grid.init(x=x, y=y, z=z, data=data, order=order,
                                 ranks_per_node=ranks_per_node, comm=comm, timeout=timeout), True
     with _lock:
         _state.grid = g
         _state.owns_grid = owns
         _state.groups = {}
-        t = timeout if timeout is not None else _gridmod._default_timeout()
+        t = timeout if timeout is not None else _default_timeout()
         _state.torch_timeout = datetime.timedelta(seconds=float(t))
     if torch_distributed:
         init_torch_distributed(g, backend=backend)
@@ -309,12 +319,22 @@ def get_grid():
     return g
 
 
+def default_grid(grid=None):
+    """The grid fourd.nn and fourd.tensor_parallel work on when given none: `grid` when given,
+    else the grid :func:`initialize` built or adopted, else the current fourd grid
+    (:func:`fourd.get_grid`, which raises when there is none)."""
+    if grid is not None:
+        return grid
+    g = _state.grid
+    return g if g is not None else _grid.get_grid()
+
+
 def get_group(axis) -> Group:
     """My group along `axis` (an axis name, a tuple of names, "world", or a Group)."""
     if isinstance(axis, Group):
         return axis
     g = get_grid()
-    mask = _gridmod.axis_mask(axis)
+    mask = _grid.axis_mask(axis)
     grp = _state.groups.get(mask)
     if grp is None:
         with _lock:
@@ -325,9 +345,9 @@ def get_group(axis) -> Group:
     return grp
 
 
-_TP_MASK = 1 | 2 | 4
-_NAMES = {_TP_MASK: "tensor_model_parallel", 8: "data_parallel", 15: "world", 1: "x", 2: "y",
-          4: "z", 12: "z+data"}
+# Megatron's names of two groups; every other group is named by its axes (fourd.grid.mask_name).
+_NAMES = {_C.parse_axis("+".join(TP_AXES)): "tensor_model_parallel",
+          _C.parse_axis("data"): "data_parallel"}
 
 
 # ---- Megatron-Core getters -----------------------------------------------------------------
@@ -491,6 +511,44 @@ def _master_address(comm) -> str:
     return comm.bcast(addr, root=0)
 
 
+def _default_timeout() -> float:
+    """fourd's default deadline in seconds (FOURD_TIMEOUT_S, else 300), as fourd.init reads it.
+
+    WORKAROUND: grid.py keeps this function private; this is the one place outside grid.py
+    that reads it, until grid.py exports it as a public name."""
+    return _grid._default_timeout()
+
+
+def _start_torch_distributed(comm, backend: str | None) -> None:
+    """torch.distributed.init_process_group over the processes of `comm`, torch rank = rank
+    in `comm`: rank 0 opens a TCPStore on a free port and tells the others over MPI. backend:
+    None picks nccl when CUDA is available, else gloo. Collective over `comm`."""
+    import torch
+    import torch.distributed as dist
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = _state.torch_timeout or datetime.timedelta(seconds=_default_timeout())
+    addr = _master_address(comm)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    store, err = None, None
+    if rank == 0:
+        try:
+            store = dist.TCPStore(addr if addr != "127.0.0.1" else "127.0.0.1", 0, size, True,
+                                  timeout=timeout, wait_for_workers=False)
+            port = store.port
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            err, port = repr(e), -1
+    else:
+        port = None
+    port, err = comm.bcast((port, err) if rank == 0 else None, root=0)
+    if port < 0:
+        raise InvalidArgumentError(f"fourd: could not open torch's TCPStore on rank 0: {err}")
+    if rank != 0:
+        store = dist.TCPStore(addr, port, size, False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+
+
 def init_torch_distributed(grid=None, backend: str | None = None) -> dict:
     """Make sure torch.distributed is initialised, over the same processes as the grid.
 
@@ -502,38 +560,14 @@ def init_torch_distributed(grid=None, backend: str | None = None) -> dict:
     ``{"torch_rank_of": [torch rank of grid rank r], "backend": ...}``.
     """
     global _torch_info, _torch_default
-    import torch
     import torch.distributed as dist
 
     if _torch_info is not None and dist.is_initialized() and dist.group.WORLD is _torch_default:
         return _torch_info
     _torch_groups.clear()  # none yet, or made under a default group that is gone
     g = grid if grid is not None else get_grid()
-    comm = g.mpi_comm
     if not dist.is_initialized():
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        timeout = _state.torch_timeout or datetime.timedelta(
-            seconds=_gridmod._default_timeout())
-        addr = _master_address(comm)
-        rank, size = comm.Get_rank(), comm.Get_size()
-        store, err = None, None
-        if rank == 0:
-            try:
-                store = dist.TCPStore(addr if addr != "127.0.0.1" else "127.0.0.1", 0, size, True,
-                                      timeout=timeout, wait_for_workers=False)
-                port = store.port
-            except Exception as e:  # noqa: BLE001 - reported on every rank below
-                err, port = repr(e), -1
-        else:
-            port = None
-        port, err = comm.bcast((port, err) if rank == 0 else None, root=0)
-        if port < 0:
-            raise InvalidArgumentError(f"fourd: could not open torch's TCPStore on rank 0: {err}")
-        if rank != 0:
-            store = dist.TCPStore(addr, port, size, False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=size,
-                                timeout=timeout)
+        _start_torch_distributed(g.mpi_comm, backend)
     torch_rank = dist.get_rank()
     torch_rank_of = g.mpi_comm.allgather(torch_rank)
     if len(set(torch_rank_of)) != len(torch_rank_of):

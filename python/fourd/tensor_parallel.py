@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import torch
 
-from . import grid as _gridmod
-from . import parallel_state as _ps
 from .errors import InvalidArgumentError
+from .grid import axis_mask, mask_name
+from .parallel_state import TP_AXES, Group, default_grid, mask_obj
 
 __all__ = [
     "all_gather_last_dim_from_tensor_parallel_region",
@@ -67,12 +67,12 @@ _cache: dict = {}
 
 
 def _resolve(group) -> _Resolved:
-    if isinstance(group, _ps.Group):
-        grid, mask = group.grid, _ps.mask_obj(group.mask)
+    if isinstance(group, Group):
+        grid, mask = group.grid, mask_obj(group.mask)
     else:
-        grid = _ps._state.grid if _ps._state.grid is not None else _gridmod.get_grid()
-        mask = _gridmod.axis_mask(_ps.TP_AXES if group is None else group)
-    mask = _ps.mask_obj(mask)
+        grid = default_grid()
+        mask = axis_mask(TP_AXES if group is None else group)
+    mask = mask_obj(mask)
     key = (id(grid), mask.mask)
     r = _cache.get(key)
     if r is None or r.grid is not grid:
@@ -93,7 +93,7 @@ def _check_divides(fn: str, t: torch.Tensor, dim: int, g: _Resolved):
         which = "last" if dim == -1 else "first"
         raise InvalidArgumentError(
             f"{fn}: input: expected its {which} dimension to be divisible by the group size "
-            f"{g.size} ({_gridmod.mask_name(g.mask.mask)}), found {n} (shape {tuple(t.shape)})")
+            f"{g.size} ({mask_name(g.mask.mask)}), found {n} (shape {tuple(t.shape)})")
 
 
 # ---- primitives (no autograd) -------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The data-parallel gradient reduction, bucketed.
 
 Each parameter's gradient is summed over the group named by its ``_fourd_grad_axes`` attribute
-(fourd.nn.Linear weights: "data", their z reduction already done by the reduce-scatter in
-backward; everything else, biases and norms included: ("z", "data"), the batch shards). The
+(GRAD_AXES_ATTR; fourd.nn.Linear weights: "data", their z reduction already done by the
+reduce-scatter in backward; everything else, biases and norms included: DEFAULT_GRAD_AXES,
+("z", "data"), the batch shards). :func:`set_grad_axes` sets it. The
 gradients of one group and dtype are packed into flat buckets of about ``bucket_bytes`` and each
 bucket is one all-reduce; buckets are issued back to back (asynchronously) and waited together.
 
@@ -17,11 +18,26 @@ import zlib
 import numpy as np
 import torch
 
-from .. import grid as _gridmod
-from .. import parallel_state as _ps
-from .linear import DEFAULT_GRAD_AXES, GRAD_AXES_ATTR
+from ..grid import axis_mask
+from ..parallel_state import mask_obj
 
 DEFAULT_BUCKET_BYTES = 4 * 1024 * 1024
+
+# Which group a parameter's gradient is summed over in the data-parallel step (sync_gradients).
+# Parameters without the attribute (norms, embeddings, anything replicated over x and y that
+# sees this rank's batch shard) are summed over the batch shards: z and data.
+GRAD_AXES_ATTR = "_fourd_grad_axes"
+DEFAULT_GRAD_AXES = ("z", "data")
+
+
+def set_grad_axes(param: torch.nn.Parameter, axes) -> torch.nn.Parameter:
+    """Name the group `param`'s gradient is summed over by :func:`sync_gradients` (default
+    ("z", "data"): parameters replicated over x, y and z that see this rank's batch shard).
+    Use "data" for a parameter sharded over z whose z reduction happens elsewhere, "world" for
+    one whose gradient differs on every rank, or any axis tuple. Returns `param`."""
+    axis_mask(axes)  # validate now, not at the first step
+    setattr(param, GRAD_AXES_ATTR, axes)
+    return param
 
 
 def model_params(model) -> list:
@@ -70,8 +86,8 @@ class GradSync:
         self.masks = []
         for p in self.params:
             axes = getattr(p, GRAD_AXES_ATTR, DEFAULT_GRAD_AXES)
-            self.masks.append(_gridmod.axis_mask(axes))
-        self.sizes = {m: grid.size(_ps.mask_obj(m)) for m in set(self.masks)}
+            self.masks.append(axis_mask(axes))
+        self.sizes = {m: grid.size(mask_obj(m)) for m in set(self.masks)}
         self.buckets: list = []
         self.bucket_of: dict = {}
         self.local: list = []  # parameters whose reduction group is just this rank
@@ -134,7 +150,7 @@ class GradSync:
                 flat[off:off + n].copy_(g.reshape(-1))
         if self.scale != 1.0:
             flat.mul_(self.scale)
-        b.work = self.grid.all_reduce(flat, _ps.mask_obj(b.mask), async_op=True)
+        b.work = self.grid.all_reduce(flat, mask_obj(b.mask), async_op=True)
         b.launched = True
 
     def relaunch_sync(self, b: Bucket):

@@ -33,23 +33,31 @@ import math
 
 import torch
 
-from .. import grid as _gridmod
-from .. import parallel_state as _ps
 from ..errors import InvalidArgumentError
-
-# Which group a parameter's gradient is summed over in the data-parallel step (sync_gradients).
-# Parameters without the attribute (norms, embeddings, anything replicated over x and y that
-# sees this rank's batch shard) are summed over the batch shards: z and data.
-GRAD_AXES_ATTR = "_fourd_grad_axes"
-DEFAULT_GRAD_AXES = ("z", "data")
+from ..parallel_state import default_grid, mask_obj
+from .grad_sync import DEFAULT_GRAD_AXES, GRAD_AXES_ATTR
 
 
-def _default_grid(grid):
-    if grid is not None:
-        return grid
-    if _ps._state.grid is not None:
-        return _ps._state.grid
-    return _gridmod.get_grid()
+def deliver_grad(param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+    """Hand `grad` to the leaf `param` as autograd's AccumulateGrad does: its tensor hooks
+    (``register_hook``, each may replace the gradient), accumulation into ``.grad``, then its
+    post-accumulate-grad hooks. A weight gradient deferred by ORS arrives this way, so hooks
+    such as the data-parallel buckets' see it like any other."""
+    hooks = param._backward_hooks
+    if hooks:
+        for h in list(hooks.values()):
+            r = h(grad)
+            if r is not None:
+                grad = r
+    with torch.no_grad():
+        if param.grad is None:
+            param.grad = grad.view_as(param) if grad.shape != param.shape else grad
+        else:
+            param.grad.add_(grad.view_as(param.grad))
+    post = getattr(param, "_post_accumulate_grad_hooks", None)
+    if post:
+        for h in list(post.values()):
+            h(param)
 
 
 class _LinearFn(torch.autograd.Function):
@@ -78,7 +86,7 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         layer = ctx.layer
         (x,) = ctx.saved_tensors
-        eng = layer._engine if ctx.handle is not None else None
+        eng = layer.engine if ctx.handle is not None else None
         if eng is not None:
             eng.on_backward(layer, ctx.handle)
         block = layer._backward_block(ctx.handle)
@@ -124,15 +132,15 @@ class Linear(torch.nn.Module):
                  transpose: bool = False, *, grid=None, init_method=None, dtype=None,
                  device=None):
         super().__init__()
-        g = _default_grid(grid)
+        g = default_grid(grid)
         self.grid = g
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.transpose = bool(transpose)
         self.row_axis, self.col_axis = ("x", "y") if self.transpose else ("y", "x")
-        self._row_mask = _ps.mask_obj(self.row_axis)
-        self._col_mask = _ps.mask_obj(self.col_axis)
-        self._z_mask = _ps.mask_obj("z")
+        self._row_mask = mask_obj(self.row_axis)
+        self._col_mask = mask_obj(self.col_axis)
+        self._z_mask = mask_obj("z")
         self._grow, self._gcol, self._gz = (g.size(self.row_axis), g.size(self.col_axis),
                                             g.size("z"))
         self._row, self._col, self._zc = (g.rank(self.row_axis), g.rank(self.col_axis),
@@ -157,7 +165,9 @@ class Linear(torch.nn.Module):
                 f"{self.local_in} = {block} elements) is split over z (Gz={self._gz}); expected "
                 f"a multiple of {self._gz}")
         self.shard_numel = block // self._gz
-        self._engine = None  # set by fourd.nn.overlap
+        #: The enabled fourd.nn.Overlap that drives this layer's collectives (its enable() sets
+        #: it, disable() clears it), or None.
+        self.engine = None
         self._grad_token = None  # stands in for the weight in autograd when ORS defers its grad
 
         fk = {"dtype": dtype, "device": device}
@@ -188,8 +198,15 @@ class Linear(torch.nn.Module):
         r0 = self._row * self.local_out
         return full[r0:r0 + self.local_out].clone()
 
-    def _gather_block_async(self):
-        """Issues the all-gather of the weight block over z; returns (work, block)."""
+    @property
+    def gathers_weight(self) -> bool:
+        """Whether the weight is sharded over z (Gz > 1), so that forward and backward
+        all-gather its block."""
+        return self._gz > 1
+
+    def gather_weight_async(self):
+        """Issues the all-gather of the weight block over z; returns (work, block), the block
+        (local_out, local_in) valid once work is waited. OAG's prefetch."""
         w = self.weight.detach()
         out = torch.empty(self.local_out * self.local_in, dtype=w.dtype, device=w.device)
         work = self.grid.all_gather(out, w, self._z_mask, async_op=True)
@@ -205,14 +222,14 @@ class Linear(torch.nn.Module):
 
     def _forward_block(self, handle):
         if self._gz > 1 and handle is not None:
-            b = self._engine.take_forward(handle)
+            b = self.engine.take_forward(handle)
             if b is not None:
                 return b
         return self._gather_block()
 
     def _backward_block(self, handle):
-        if self._gz > 1 and handle is not None and self._engine is not None:
-            b = self._engine.take_backward(handle)
+        if self._gz > 1 and handle is not None and self.engine is not None:
+            b = self.engine.take_backward(handle)
             if b is not None:
                 return b
         return self._gather_block()
@@ -227,10 +244,8 @@ class Linear(torch.nn.Module):
                 work = self.grid.reduce_scatter(shard, dw, self._z_mask, async_op=True)
                 eng.defer_grad(self.weight, work, shard)
             else:  # overlap disabled between forward and backward: deliver now
-                from .overlap import _deliver
-
                 self.grid.reduce_scatter(shard, dw, self._z_mask)
-                _deliver(self.weight, shard)
+                deliver_grad(self.weight, shard)
             return None
         self.grid.reduce_scatter(shard, dw, self._z_mask)
         return shard
@@ -243,7 +258,7 @@ class Linear(torch.nn.Module):
                 f"({self.in_features}, {self.out_features}) takes its features split over "
                 f"{self.col_axis}: expected a last dimension of {self.local_in}, found shape "
                 f"{tuple(input.shape)}")
-        eng = self._engine
+        eng = self.engine
         handle = None
         w = self.weight
         defer = False
@@ -281,7 +296,7 @@ class Linear(torch.nn.Module):
         tensor-parallel ranks (x, y, z)."""
         g = self.grid
         block = self._gather_block().contiguous()
-        xy = _ps.mask_obj(("x", "y"))
+        xy = mask_obj(("x", "y"))
         n_xy = g.size(xy)
         blocks = torch.empty((n_xy,) + tuple(block.shape), dtype=block.dtype, device=block.device)
         if n_xy > 1:
@@ -313,3 +328,17 @@ class Linear(torch.nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, transpose={self.transpose}, "
                 f"local=({self.local_out} x {self.local_in}) / Gz={self._gz}")
+
+
+@torch.no_grad()
+def full_state_dict(model: torch.nn.Module) -> dict:
+    """``model.state_dict()`` with each fourd.nn.Linear's weight and bias replaced by the full
+    (unsharded) tensors, on every rank. Collective: every rank of the grid calls it."""
+    sd = model.state_dict()
+    for name, m in model.named_modules():
+        if isinstance(m, Linear):
+            prefix = name + "." if name else ""
+            sd[prefix + "weight"] = m.full_weight()
+            if m.bias is not None:
+                sd[prefix + "bias"] = m.full_bias()
+    return sd

@@ -43,30 +43,12 @@ import weakref
 
 import torch
 
-from .grad_sync import DEFAULT_BUCKET_BYTES, GradSync, model_params
-from .linear import Linear, _default_grid
 from ..errors import InvalidArgumentError
+from ..parallel_state import default_grid
+from .grad_sync import DEFAULT_BUCKET_BYTES, GradSync, model_params
+from .linear import Linear, deliver_grad
 
 _engines: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _deliver(param, grad):
-    """What AccumulateGrad does for a leaf: tensor hooks, accumulate, post-accumulate hooks."""
-    hooks = param._backward_hooks
-    if hooks:
-        for h in list(hooks.values()):
-            r = h(grad)
-            if r is not None:
-                grad = r
-    with torch.no_grad():
-        if param.grad is None:
-            param.grad = grad.view_as(param) if grad.shape != param.shape else grad
-        else:
-            param.grad.add_(grad.view_as(param.grad))
-    post = getattr(param, "_post_accumulate_grad_hooks", None)
-    if post:
-        for h in list(post.values()):
-            h(param)
 
 
 class _Handle:
@@ -90,7 +72,7 @@ class Overlap:
             raise InvalidArgumentError(
                 f"bucket_bytes: expected a positive integer, found {bucket_bytes!r}")
         self.model = model
-        self.grid = _default_grid(grid)
+        self.grid = default_grid(grid)
         self.all_reduce = bool(all_reduce)
         self.reduce_scatter = bool(reduce_scatter)
         self.all_gather = bool(all_gather)
@@ -143,7 +125,7 @@ class Overlap:
         if old is not None and old is not self and old.enabled:
             raise InvalidArgumentError("model: another fourd.nn.overlap is already enabled on it")
         for m in self.layers:
-            m._engine = self
+            m.engine = self
         for p in self._sync.params:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
         if self._optimizer is not None:
@@ -159,7 +141,7 @@ class Overlap:
         if self._dirty or self._pending:
             self.finish()
         for m in self.layers:
-            m._engine = None
+            m.engine = None
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -226,8 +208,8 @@ class Overlap:
                 if q not in self._fwd_issued:
                     self._fwd_issued.add(q)
                     lq = order[q]
-                    if lq._gz > 1:
-                        self._fwd_pref[q] = (lq,) + lq._gather_block_async()
+                    if lq.gathers_weight:
+                        self._fwd_pref[q] = (lq,) + lq.gather_weight_async()
         return _Handle(p)
 
     def take_forward(self, handle):
@@ -264,8 +246,8 @@ class Overlap:
             if q not in self._bwd_issued:
                 self._bwd_issued.add(q)
                 lq = self._recording[q]
-                if lq._gz > 1:
-                    self._bwd_pref[q] = (lq,) + lq._gather_block_async()
+                if lq.gathers_weight:
+                    self._bwd_pref[q] = (lq,) + lq.gather_weight_async()
 
     # ---- ORS ------------------------------------------------------------------------------
     def defer_grad(self, param, work, shard):
@@ -287,7 +269,7 @@ class Overlap:
                 param, work, shard = q.popleft()
                 work.wait()  # completed: returns at once, raises if it failed
                 self.stats["delivered_early"] += 1
-                _deliver(param, shard)
+                deliver_grad(param, shard)
         finally:
             self._landing = False
 
@@ -298,7 +280,7 @@ class Overlap:
             while q:
                 param, work, shard = q.popleft()
                 work.wait()
-                _deliver(param, shard)
+                deliver_grad(param, shard)
         finally:
             self._landing = False
 
@@ -429,7 +411,7 @@ def sync_gradients(model, *, average=None, bucket_bytes=None, grid=None):
         return
     avg = bool(average) if average is not None else False
     nbytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
-    g = _default_grid(grid)
+    g = default_grid(grid)
     key = (id(g), avg, nbytes, tuple(id(p) for p in model_params(model)))
     entry = _plain.get(model)
     if entry is None or entry[0] != key:

@@ -11,6 +11,14 @@ import argparse
 import json
 import sys
 
+from .. import _C
+from .._tensor import ITEMSIZE
+
+
+def _training_dtypes() -> list:
+    """The floating types of at most 32 bits a model trains in: bfloat16, float16, float32."""
+    return sorted(d for d in _C.FLOATING_DTYPES if ITEMSIZE[d] <= 4)
+
 
 def _parser() -> argparse.ArgumentParser:
     from .model import PRESETS
@@ -38,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab", type=int)
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     g.add_argument("--micro-batch", type=int, help="sequences per (data, z) shard per pass")
-    g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    g.add_argument("--dtype", choices=_training_dtypes())
     g.add_argument("--no-recompute", action="store_true", help="keep all activations")
     p.add_argument("--algorithm", default=None,
                    help="force one algorithm on every axis (e.g. flat) instead of choosing")
@@ -53,46 +61,63 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    if args.calibrate:
-        from .calibrate import calibrate
+def _calibrate(args) -> int:
+    """--calibrate: measure this machine's profile (collective over MPI.COMM_WORLD)."""
+    from mpi4py import MPI
 
-        from mpi4py import MPI
+    from .calibrate import calibrate
 
-        try:
-            prof = calibrate(ranks_per_node=args.ranks_per_node, out=args.out)
-        except ValueError as e:
-            print(f"python -m fourd.plan: {e}", file=sys.stderr)
-            return 2
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            print(json.dumps(prof.to_dict(), indent=2, sort_keys=True))
-            print(f"saved to {args.out or 'fourd-profile.json'}", file=sys.stderr)
-        return 0
-
-    from .model import PRESETS, TransformerSpec
-    from .search import format_table, search
-
-    if args.gpus is None:
-        print("python -m fourd.plan: --gpus is required", file=sys.stderr)
+    try:
+        prof = calibrate(ranks_per_node=args.ranks_per_node, out=args.out)
+    except ValueError as e:
+        print(f"python -m fourd.plan: {e}", file=sys.stderr)
         return 2
-    overrides = {
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(json.dumps(prof.to_dict(), indent=2, sort_keys=True))
+        print(f"saved to {args.out or 'fourd-profile.json'}", file=sys.stderr)
+    return 0
+
+
+def _overrides(args) -> dict:
+    """The model-shape flags, None where not given (the preset's value stays)."""
+    return {
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
         "seq_len": args.seq_len, "vocab": args.vocab, "global_batch": args.global_batch,
         "micro_batch": args.micro_batch, "dtype": args.dtype,
         "recompute": False if args.no_recompute else None,
     }
-    if args.model is None or args.model == "custom":
-        missing = [k for k in ("layers", "hidden", "heads") if overrides[k] is None]
-        if missing:
-            print(f"python -m fourd.plan: give --model (one of {', '.join(PRESETS)}) or "
-                  f"--layers, --hidden and --heads (missing: {', '.join(missing)})",
-                  file=sys.stderr)
-            return 2
-        model = TransformerSpec("custom", layers=args.layers, hidden=args.hidden,
-                                heads=args.heads)
-    else:
-        model = args.model
+
+
+def _model(args, overrides: dict):
+    """The preset name, or a custom TransformerSpec from --layers, --hidden and --heads; None
+    (after saying what is missing) when neither is given."""
+    from .model import PRESETS, TransformerSpec
+
+    if args.model is not None and args.model != "custom":
+        return args.model
+    missing = [k for k in ("layers", "hidden", "heads") if overrides[k] is None]
+    if missing:
+        print(f"python -m fourd.plan: give --model (one of {', '.join(PRESETS)}) or "
+              f"--layers, --hidden and --heads (missing: {', '.join(missing)})",
+              file=sys.stderr)
+        return None
+    return TransformerSpec("custom", layers=args.layers, hidden=args.hidden, heads=args.heads)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.calibrate:
+        return _calibrate(args)
+
+    from .search import format_table, search
+
+    if args.gpus is None:
+        print("python -m fourd.plan: --gpus is required", file=sys.stderr)
+        return 2
+    overrides = _overrides(args)
+    model = _model(args, overrides)
+    if model is None:
+        return 2
     try:
         result = search(model, args.gpus, args.machine, top_k=args.top,
                         policy=args.algorithm, overlap_data=args.overlap_data, **overrides)

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass, field, replace
 
-import numpy as np
+from .. import _C
+from .._tensor import ITEMSIZE
 
-AXES = ("x", "y", "z", "data")
-ALGORITHMS = ("flat", "ring", "rhd", "hierarchical", "shm")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+AXES = _C.AXES  # ("x", "y", "z", "data")
+# The concrete algorithms, in the cost model's tie-break order (fourd._C.ALGORITHMS[0] is auto).
+ALGORITHMS = _C.ALGORITHMS[1:]
 
 # Fraction of a GPU's memory the planner lets a configuration use: the rest is for the CUDA
 # context, communication buffers and allocator fragmentation.
@@ -43,34 +43,39 @@ USABLE_MEMORY_FRACTION = 0.9
 
 
 def native_module():
-    """``fourd._C``, the extension that holds the C++ cost model."""
-    from .. import _C  # noqa: PLC0415 - imported on first use
-
+    """``fourd._C``, the extension that holds the C++ cost model, the process grid's rank
+    arithmetic and the name tables."""
     return _C
 
 
 # ---- placement ----------------------------------------------------------------------------
+#
+# Rank arithmetic and node placement are the native core's: fourd._C.ProcessGrid gives the
+# groups of an axis, fourd._C.Topology the nodes their ranks sit on (ranks packed
+# `ranks_per_node` to a node in rank order), the same code fourd.init runs.
 
 
 def parse_order(order) -> tuple:
-    """"x-y-z-data" (innermost first) -> ("x", "y", "z", "data")."""
-    if isinstance(order, str):
-        parts = tuple(order.split("-"))
-    else:
-        parts = tuple(order)
-    if sorted(parts) != sorted(AXES):
+    """"x-y-z-data" (innermost first), or a sequence of the axis names -> ("x", "y", "z",
+    "data"), as fourd._C.parse_order reads it."""
+    text = order if isinstance(order, str) else "-".join(str(a) for a in order)
+    try:
+        canonical = _C.parse_order(text)
+    except ValueError:
         raise ValueError(f"order: expected a permutation of x, y, z, data such as "
-                         f"'x-y-z-data'; found {order!r}")
-    return parts
+                         f"'x-y-z-data'; found {order!r}") from None
+    return tuple(canonical.split("-"))
+
+
+def process_grid(sizes: dict, order) -> _C.ProcessGrid:
+    """The native ProcessGrid of `sizes` (axis -> size) laid out in `order`."""
+    return _C.ProcessGrid([sizes[a] for a in AXES], "-".join(parse_order(order)))
 
 
 def strides(sizes: dict, order) -> dict:
     """Stride of each axis: the product of the sizes of the axes inside it."""
-    out, s = {}, 1
-    for a in parse_order(order):
-        out[a] = s
-        s *= sizes[a]
-    return out
+    grid = process_grid(sizes, order)
+    return {a: grid.stride(a) for a in parse_order(order)}
 
 
 @dataclass(frozen=True)
@@ -83,33 +88,29 @@ class Placement:
     uniform: bool
 
     def native(self):
-        return native_module().GroupShape(self.size, self.nodes, self.ranks_per_node, self.uniform)
+        return _C.GroupShape(self.size, self.nodes, self.ranks_per_node, self.uniform)
 
 
 @functools.lru_cache(maxsize=4096)
 def placement(size: int, stride: int, world: int, ranks_per_node: int) -> Placement:
     """Exact placement of the groups of an axis with `size` and `stride` among `world` ranks
-    packed `ranks_per_node` to a node in rank order (numpy over every group, cached).
+    packed `ranks_per_node` to a node in rank order (every group looked at, cached).
 
     Returns the group with the most nodes; it is uniform when every group with that many
     nodes holds the same number of ranks on each of its nodes.
     """
     if size < 1 or stride < 1 or world % (size * stride) != 0:
         raise ValueError(f"placement: size {size} x stride {stride} does not divide {world}")
-    r = max(1, ranks_per_node)
-    ranks = np.arange(world, dtype=np.int64).reshape(world // (size * stride), size, stride)
-    nodes = ranks.transpose(0, 2, 1).reshape(-1, size) // r  # one row per group, ascending
     if size == 1:
         return Placement(size=1, nodes=1, ranks_per_node=1, uniform=True)
-    changes = np.diff(nodes, axis=1) != 0
-    n_nodes = 1 + changes.sum(axis=1)
-    worst = int(n_nodes.max())
-    rows = changes[n_nodes == worst]
-    uniform = size % worst == 0
-    if uniform:
-        m = size // worst  # node changes exactly every m group ranks
-        expected = np.arange(1, size) % m == 0
-        uniform = bool(np.all(rows == expected))
+    # The groups of an axis depend only on its size and stride: they are those of axis y of a
+    # grid whose x spans the stride.
+    grid = _C.ProcessGrid([stride, size, world // (size * stride), 1])
+    topo = _C.Topology.from_ranks_per_node(world, max(1, ranks_per_node))
+    shapes = [topo.group(grid.group_ranks(r, "y")) for r in range(world)
+              if grid.group_rank(r, "y") == 0]
+    worst = max(s["num_nodes"] for s in shapes)
+    uniform = all(s["uniform"] for s in shapes if s["num_nodes"] == worst)
     return Placement(size=size, nodes=worst, ranks_per_node=max(1, size // worst),
                      uniform=uniform)
 
@@ -122,9 +123,10 @@ def closed_form_ranks_per_node(size: int, stride: int, ranks_per_node: int) -> i
 
 
 def grid_placements(sizes: dict, order, ranks_per_node: int) -> dict:
-    world = math.prod(sizes[a] for a in AXES)
-    st = strides(sizes, order)
-    return {a: placement(sizes[a], st[a], world, ranks_per_node) for a in AXES}
+    """Axis -> Placement of its groups, for a grid of `sizes` laid out in `order`."""
+    grid = process_grid(sizes, order)
+    return {a: placement(sizes[a], grid.stride(a), grid.world_size, ranks_per_node)
+            for a in AXES}
 
 
 # ---- the model being trained -------------------------------------------------------------
@@ -215,7 +217,7 @@ class Message:
 
     @property
     def nbytes(self) -> int:
-        return self.elements * DTYPE_BYTES[self.dtype]
+        return self.elements * ITEMSIZE[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -308,9 +310,9 @@ def memory(spec: TransformerSpec, g: Grid4D) -> dict:
     t = mb * spec.seq_len
     h, a, s = spec.hidden, spec.heads, spec.seq_len
     p_local = spec.tp_params() / (g.x * g.y * g.z) + spec.replicated_params()
-    w_b = DTYPE_BYTES[spec.dtype]
+    w_b = ITEMSIZE[spec.dtype]
     weights = w_b * p_local
-    grads = DTYPE_BYTES[spec.grad_dtype] * p_local
+    grads = ITEMSIZE[spec.grad_dtype] * p_local
     optimizer = 12 * p_local  # fp32 master weights + Adam m and v
     largest = max(k * n for _, k, n, _ in spec.linears() + [spec.head()]) / (g.x * g.y)
     # Gathered blocks: the one in use and the prefetched one, plus dW before its RS.
@@ -345,7 +347,6 @@ class CollectiveModel:
     def __init__(self, profile):
         self.profile = profile
         self._native_profile = profile.native()
-        self._c = native_module()
         self._cache = {}
 
     def times(self, collective: str, nbytes: int, dtype: str, pl: Placement) -> dict:
@@ -353,8 +354,8 @@ class CollectiveModel:
         key = (collective, nbytes, dtype, pl)
         hit = self._cache.get(key)
         if hit is None:
-            preds = self._c.candidates(collective, int(nbytes), dtype, pl.native(),
-                                       self._native_profile)
+            preds = _C.candidates(collective, int(nbytes), dtype, pl.native(),
+                                  self._native_profile)
             hit = {p.algorithm: p.seconds for p in preds}
             self._cache[key] = hit
         return hit
@@ -407,6 +408,111 @@ def _choose_axis_algorithms(axis_msgs: dict, policy) -> dict:
     return choice
 
 
+@dataclass(frozen=True)
+class StepCompute:
+    """Compute seconds of one configuration. Per micro-batch pass, keyed "layer" (one
+    transformer layer) and "head": `forward` and `backward` (twice the forward); `reps` is how
+    many of each a pass runs; `dw` is the dW GEMM of each Linear, by name."""
+
+    forward: dict
+    backward: dict
+    reps: dict
+    recompute: int  # 1 with full activation recomputation (one more forward per pass), else 0
+    dw: dict
+    micro_batch: int
+    accumulation: int
+
+    @property
+    def total(self) -> float:
+        """Compute seconds per optimizer step."""
+        rec = self.recompute
+        return self.accumulation * sum(
+            self.reps[k] * (self.forward[k] * (1 + rec) + self.backward[k])
+            for k in self.forward)
+
+
+def step_compute(spec: TransformerSpec, g: Grid4D, rate: float) -> StepCompute:
+    """The compute of one step at `rate` FLOP/s (compute_flops; the dW GEMM of a Linear is
+    2 t k n / (Gx Gy), half its backward)."""
+    mb, acc = batch_split(spec, g)
+    fl = compute_flops(spec, g)
+    fwd = {"layer": (fl["layer_gemm"] + fl["layer_attention"]) / rate, "head": fl["head"] / rate}
+    t_tok = mb * spec.seq_len
+    dw = {name: 2 * t_tok * k * n / (g.x * g.y) / rate
+          for name, k, n, _ in spec.linears() + [spec.head()]}
+    return StepCompute(forward=fwd, backward={k: 2 * v for k, v in fwd.items()},
+                       reps={"layer": spec.layers, "head": 1},
+                       recompute=1 if spec.recompute else 0, dw=dw, micro_batch=mb,
+                       accumulation=acc)
+
+
+@dataclass
+class _Tally:
+    """The collectives of one step under one choice of algorithms, summed by where they run:
+    per pass group ("layer", "head") and axis, or for the whole step (comm, data_ar)."""
+
+    comm: dict  # axis -> seconds of all its calls per step
+    fwd_ar: dict  # group -> axis -> forward all-reduce seconds, one pass (exposed)
+    bwd_ar: dict  # group -> axis -> backward all-reduce seconds not hidden under its dW GEMM
+    fwd_ag: dict  # group -> forward z all-gather seconds, one pass
+    bwd_z: dict  # group -> backward z stream seconds (all-gathers, recompute's, reduce-scatters)
+    data_ar: float = 0.0  # the data-parallel all-reduces of the step
+
+    @classmethod
+    def zero(cls, groups) -> _Tally:
+        return cls(comm={a: 0.0 for a in AXES},
+                   fwd_ar={k: {a: 0.0 for a in AXES} for k in groups},
+                   bwd_ar={k: {a: 0.0 for a in AXES} for k in groups},
+                   fwd_ag={k: 0.0 for k in groups}, bwd_z={k: 0.0 for k in groups})
+
+
+def _tally(msgs, times, algos: dict, comp: StepCompute) -> _Tally:
+    """Each message's time with its axis's algorithm ("auto": the best per call), added to
+    where it runs in the schedule of evaluate."""
+    t = _Tally.zero(comp.forward)
+    for m, by_algo in zip(msgs, times):
+        a = algos[m.axis]
+        sec = min(by_algo.values()) if a == "auto" else by_algo[a]
+        t.comm[m.axis] += m.count * sec
+        grp = "head" if m.linear == "head" else "layer"
+        role = m.role
+        if role == "fwd_ar":
+            t.fwd_ar[grp][m.axis] += sec
+        elif role == "bwd_ar":
+            t.bwd_ar[grp][m.axis] += max(0.0, sec - comp.dw[m.linear])
+        elif role == "fwd_ag":
+            t.fwd_ag[grp] += sec
+        elif role == "bwd_ag":
+            t.bwd_z[grp] += (1 + comp.recompute) * sec
+        elif role == "rs":
+            t.bwd_z[grp] += sec
+        else:
+            t.data_ar += m.count * sec
+    return t
+
+
+def _exposed_schedule(t: _Tally, comp: StepCompute, overlap_data: bool) -> tuple:
+    """(step seconds, axis -> exposed seconds) of the schedule of evaluate."""
+    rec, acc, reps = comp.recompute, comp.accumulation, comp.reps
+    c_f, c_b = comp.forward, comp.backward
+    exposed = {a: 0.0 for a in AXES}
+    micro = 0.0
+    for k in c_f:
+        exp_ag_f = max(0.0, t.fwd_ag[k] - c_f[k])
+        c_b_total = c_b[k] + rec * c_f[k]
+        exp_z_b = max(0.0, t.bwd_z[k] - c_b_total)
+        far = sum(t.fwd_ar[k].values())
+        micro += reps[k] * (c_f[k] + far + exp_ag_f + c_b_total + rec * far
+                            + sum(t.bwd_ar[k].values()) + exp_z_b)
+        for a in AXES:
+            exposed[a] += acc * reps[k] * ((1 + rec) * t.fwd_ar[k][a] + t.bwd_ar[k][a])
+        exposed["z"] += acc * reps[k] * (exp_ag_f + exp_z_b)
+    last_bwd = sum(reps[k] * c_b[k] for k in c_b)
+    data_exposed = max(0.0, t.data_ar - last_bwd) if overlap_data else t.data_ar
+    exposed["data"] += data_exposed
+    return acc * micro + data_exposed, exposed
+
+
 def evaluate(spec: TransformerSpec, g: Grid4D, order, profile, cm: CollectiveModel,
              policy=None, overlap_data=False, msgs=None, baseline=None):
     """Predicted step time of one configuration.
@@ -430,66 +536,18 @@ def evaluate(spec: TransformerSpec, g: Grid4D, order, profile, cm: CollectiveMod
     by_axis = {a: [] for a in AXES}
     for m, t in zip(msgs, times):
         by_axis[m.axis].append((m.count, t))
-
-    mb, acc = batch_split(spec, g)
-    fl = compute_flops(spec, g)
-    rate = profile.compute_flops
-    c_f = {"layer": (fl["layer_gemm"] + fl["layer_attention"]) / rate, "head": fl["head"] / rate}
-    c_b = {k: 2 * v for k, v in c_f.items()}
-    reps = {"layer": spec.layers, "head": 1}
-    rec = 1 if spec.recompute else 0
-    t_tok = mb * spec.seq_len
-    dw_time = {name: 2 * t_tok * k * n / (g.x * g.y) / rate
-               for name, k, n, _ in spec.linears() + [spec.head()]}
+    comp = step_compute(spec, g, profile.compute_flops)
     mem = memory(spec, g)
     ok = fits(mem, profile)
-    compute = acc * sum(reps[k] * (c_f[k] * (1 + rec) + c_b[k]) for k in c_f)
 
     def schedule(algos: dict) -> Evaluation:
-        comm = {a: 0.0 for a in AXES}
-        exposed = {a: 0.0 for a in AXES}
-        f_ar = {k: {a: 0.0 for a in AXES} for k in c_f}
-        exp_bwd = {k: {a: 0.0 for a in AXES} for k in c_f}
-        z_ag_f = {k: 0.0 for k in c_f}
-        z_b = {k: 0.0 for k in c_f}
-        data_ar = 0.0
-        for m, t in zip(msgs, times):
-            a = algos[m.axis]
-            sec = min(t.values()) if a == "auto" else t[a]
-            comm[m.axis] += m.count * sec
-            grp = "head" if m.linear == "head" else "layer"
-            role = m.role
-            if role == "fwd_ar":
-                f_ar[grp][m.axis] += sec
-            elif role == "bwd_ar":
-                exp_bwd[grp][m.axis] += max(0.0, sec - dw_time[m.linear])
-            elif role == "fwd_ag":
-                z_ag_f[grp] += sec
-            elif role == "bwd_ag":
-                z_b[grp] += (1 + rec) * sec
-            elif role == "rs":
-                z_b[grp] += sec
-            else:
-                data_ar += m.count * sec
-        micro = 0.0
-        for k in c_f:
-            exp_ag_f = max(0.0, z_ag_f[k] - c_f[k])
-            c_b_total = c_b[k] + rec * c_f[k]
-            exp_z_b = max(0.0, z_b[k] - c_b_total)
-            far = sum(f_ar[k].values())
-            micro += reps[k] * (c_f[k] + far + exp_ag_f + c_b_total + rec * far
-                                + sum(exp_bwd[k].values()) + exp_z_b)
-            for a in AXES:
-                exposed[a] += acc * reps[k] * ((1 + rec) * f_ar[k][a] + exp_bwd[k][a])
-            exposed["z"] += acc * reps[k] * (exp_ag_f + exp_z_b)
-        last_bwd = sum(reps[k] * c_b[k] for k in c_b)
-        data_exposed = max(0.0, data_ar - last_bwd) if overlap_data else data_ar
-        exposed["data"] += data_exposed
-        return Evaluation(grid=g, order=order_s, algorithms=algos, step_time=acc * micro +
-                          data_exposed, compute_time=compute, comm_time=comm,
+        tally = _tally(msgs, times, algos, comp)
+        step, exposed = _exposed_schedule(tally, comp, overlap_data)
+        return Evaluation(grid=g, order=order_s, algorithms=algos, step_time=step,
+                          compute_time=comp.total, comm_time=tally.comm,
                           exposed_time=exposed, memory=mem, fits=ok, placements=pls,
-                          detail={"micro_batch": mb, "accumulation": acc,
-                                  "messages": len(msgs)})
+                          detail={"micro_batch": comp.micro_batch,
+                                  "accumulation": comp.accumulation, "messages": len(msgs)})
 
     ev = schedule(_choose_axis_algorithms(by_axis, policy))
     if baseline is None:

@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 
-from .model import Placement, native_module, placement
+from .. import _C
+from .model import AXES, Placement, placement
 from .profiles import get_profile
+from .search import search
 
 # AxoNN's coded Perlmutter bus bandwidths (GB/s) by (stride, size): Megatron-AxoNN,
 # branch gordon-bell-perlmutter, examples/comm_model.py.
@@ -40,16 +41,15 @@ def _busbw_ar(seconds: float, nbytes: int, g: int) -> float:
 def axonn_table() -> tuple:
     """(markdown, rows): predicted flat all-reduce busbw of a 1.3 GB fp16 buffer (AxoNN's
     startup benchmark) on Perlmutter groups of each (stride, size)."""
-    c = native_module()
     prof = get_profile("perlmutter")
     nprof = prof.native()
     n = 1_300_000_000
     rows = []
     for (stride, size), axonn in sorted(AXONN_PERLMUTTER.items()):
         pl = placement(size, stride, size * stride, prof.ranks_per_node)
-        t = c.predict("all_reduce", "flat", n, "float16", pl.native(), nprof)
-        best = c.choose("all_reduce", n, "float16", pl.native(), nprof)
-        tb = c.predict("all_reduce", best, n, "float16", pl.native(), nprof)
+        t = _C.predict("all_reduce", "flat", n, "float16", pl.native(), nprof)
+        best = _C.choose("all_reduce", n, "float16", pl.native(), nprof)
+        tb = _C.predict("all_reduce", best, n, "float16", pl.native(), nprof)
         rows.append({"stride": stride, "size": size, "nodes": pl.nodes,
                      "ranks_per_node": pl.ranks_per_node, "axonn_gbps": axonn,
                      "flat_gbps": _busbw_ar(t, n, size), "best": best,
@@ -72,7 +72,6 @@ PCCL_NODES = (2, 4, 8, 16, 32, 64, 128, 256)
 def pccl_table(machine: str) -> tuple:
     """(markdown, rows): flat / hierarchical time of all-gather and reduce-scatter (bf16,
     output / input sizes as in PCCL's benchmark) as the node count grows."""
-    c = native_module()
     prof = get_profile(machine)
     nprof = prof.native()
     r = prof.ranks_per_node
@@ -81,9 +80,9 @@ def pccl_table(machine: str) -> tuple:
         for n in PCCL_SIZES:
             for nodes in PCCL_NODES:
                 shape = Placement(nodes * r, nodes, r, True).native()
-                flat = c.predict(coll, "flat", n, "bfloat16", shape, nprof)
-                ring = c.predict(coll, "ring", n, "bfloat16", shape, nprof)
-                hier = c.predict(coll, "hierarchical", n, "bfloat16", shape, nprof)
+                flat = _C.predict(coll, "flat", n, "bfloat16", shape, nprof)
+                ring = _C.predict(coll, "ring", n, "bfloat16", shape, nprof)
+                hier = _C.predict(coll, "hierarchical", n, "bfloat16", shape, nprof)
                 rows.append({"machine": machine, "collective": coll, "bytes": n,
                              "nodes": nodes, "gpus": nodes * r, "flat_ms": flat * 1e3,
                              "ring_ms": ring * 1e3, "hierarchical_ms": hier * 1e3,
@@ -131,12 +130,11 @@ SCALING_GPUS = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
 def scaling(machine: str, models=("gpt-20b", "gpt-80b"), gpus=SCALING_GPUS) -> list:
-    search = importlib.import_module("fourd.plan.search")
     rows = []
     for model in models:
         for g in gpus:
-            best = search.search(model, g, machine, top_k=1)
-            flat = search.search(model, g, machine, top_k=1, policy="flat")
+            best = search(model, g, machine, top_k=1)
+            flat = search(model, g, machine, top_k=1, policy="flat")
             if not best.plans:
                 rows.append({"machine": machine, "model": model, "gpus": g, "fits": False})
                 continue
@@ -160,7 +158,7 @@ def scaling_markdown(rows: list) -> str:
             lines.append(f"| {r['machine']} | {r['model']} | {r['gpus']} | does not fit "
                          "| | | | | |")
             continue
-        algos = "/".join(r["fourd_algorithms"][a] for a in ("x", "y", "z", "data"))
+        algos = "/".join(r["fourd_algorithms"][a] for a in AXES)
         lines.append(
             f"| {r['machine']} | {r['model']} | {r['gpus']} | {r['fourd_s']:.2f} | "
             f"{r['flat_s']:.2f} | {r['speedup']:.2f}x | {r['fourd_plan']} | {algos} | "

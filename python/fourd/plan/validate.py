@@ -19,7 +19,8 @@ import json
 import statistics
 import sys
 
-from .model import ALGORITHMS, Placement, native_module
+from .. import _C
+from .model import Placement
 from .profiles import get_profile
 
 REQUIRED = ("collective", "algorithm", "size_bytes", "dtype", "time_us", "group_size", "nodes",
@@ -42,7 +43,6 @@ def load_rows(path: str) -> list:
 def compare(rows, profile) -> list:
     """Rows of fourd's algorithms (and 'auto') with predicted_us and error = (pred - meas)/meas.
     Rows of other libraries, single-rank groups and zero-byte sizes are skipped."""
-    c = native_module()
     nprof = profile.native()
     out = []
     for r in rows:
@@ -50,7 +50,7 @@ def compare(rows, profile) -> list:
         if missing:
             raise ValueError(f"bench row {r!r}: missing {missing}")
         algo = str(r["algorithm"])
-        if algo not in ALGORITHMS and algo != "auto":
+        if algo not in _C.ALGORITHMS:
             continue
         g, nodes, k = int(r["group_size"]), int(r["nodes"]), int(r["ranks_per_node"])
         n = int(r["size_bytes"])
@@ -59,7 +59,7 @@ def compare(rows, profile) -> list:
             continue
         uniform = nodes * k == g
         shape = Placement(g, nodes, k if uniform else max(1, g // nodes), uniform).native()
-        pred = c.predict(r["collective"], algo, n, r["dtype"], shape, nprof) * 1e6
+        pred = _C.predict(r["collective"], algo, n, r["dtype"], shape, nprof) * 1e6
         if pred == float("inf"):
             continue
         out.append({**r, "predicted_us": pred, "error": (pred - meas) / meas})
