@@ -13,8 +13,9 @@ measured or given bandwidths (bandwidth terms only; latency is not part of it):
   * Be, the link rate of one node (--link-rate or FOURD_CLUSTER_RATE_BPS), for traffic between
     nodes.
 
-For a group of N nodes with k ranks each and S bytes (c = 2 for all-reduce, 1 for all-gather and
-reduce-scatter):
+For a group of N nodes with k ranks each and S bytes, the share of S that every node (every
+rank) must move is the collective's bus factor for N (for k), from its entry in collectives.py:
+c (N-1)/N with c = 2 for all-reduce and 1 for all-gather and reduce-scatter, and 1 for broadcast.
 
   T_net   = c (N-1)/N * S / Be     (every node must move that much through its link)
   T_intra = c (k-1)/k * S / Bi     (every rank must move that much inside its node)
@@ -29,17 +30,14 @@ import time
 
 import numpy as np
 
+from .collectives import TABLE
+
 GB = 1e9
 
 
 def bus_factor(collective: str, n: int) -> float:
-    if n <= 1:
-        return 0.0
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n - 1) / n
-    return 1.0
+    """nccl-tests' bus factor of `collective` for a group of n ranks (0 for a single rank)."""
+    return TABLE[collective].bus_factor(n)
 
 
 def bandwidths(collective: str, nbytes: int, n: int, seconds: float) -> tuple[float, float]:
@@ -53,13 +51,14 @@ def bandwidths(collective: str, nbytes: int, n: int, seconds: float) -> tuple[fl
 def bound(collective: str, nbytes: int, nodes: int, k: int, intra_bps: float | None,
           link_bps: float | None) -> dict | None:
     """The physical bound of one row: {"t_min_s", "t_sum_s", "t_net_s", "t_intra_s"}, None when
-    neither term applies or can be computed (a one-rank group, or only an unknown link)."""
-    c = 2.0 if collective == "all_reduce" else 1.0
+    neither term applies or can be computed (a one-rank group, or only an unknown link). The
+    share of S that every node (every rank) must move is the bus factor of N nodes (k ranks)."""
+    share = TABLE[collective].bus_factor
     t_net = t_intra = None
     if nodes > 1 and link_bps:
-        t_net = nbytes / link_bps if collective == "broadcast" else c * (nodes - 1) / nodes * nbytes / link_bps
+        t_net = share(nodes) * nbytes / link_bps
     if k > 1 and intra_bps:
-        t_intra = nbytes / intra_bps if collective == "broadcast" else c * (k - 1) / k * nbytes / intra_bps
+        t_intra = share(k) * nbytes / intra_bps
     terms = [t for t in (t_net, t_intra) if t is not None]
     if not terms:
         return None

@@ -21,11 +21,11 @@ from functools import lru_cache
 
 import numpy as np
 
-NUMPY_STORAGE = {
-    "float32": np.float32, "float64": np.float64, "float16": np.float16,
-    "bfloat16": np.uint16,  # bit pattern; fourd and torch see it as bfloat16 through torch
-    "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64,
-}
+from fourd import _C
+
+# numpy's type of each fourd dtype; bfloat16, which numpy lacks, is held as its uint16 bit
+# pattern (to_storage / from_storage below; fourd reads it through fourd.Buffer.of).
+NUMPY_STORAGE = {n: np.uint16 if n == "bfloat16" else np.dtype(n).type for n in _C.DTYPES}
 # Largest integer every partial sum may reach and stay exact (and not overflow).
 _SUM_LIMIT = {"int8": 127, "uint8": 255, "bfloat16": 256, "float16": 2048, "float32": 1 << 24,
               "int32": 1 << 30, "int64": 1 << 30, "float64": 1 << 30}
@@ -119,3 +119,37 @@ def count_wrong(got: np.ndarray, dtype: str, expected: np.ndarray, op: str | Non
         ok = np.isclose(values, expected, rtol=_AVG_RTOL[dtype], atol=0.0)
         return int(values.size - np.count_nonzero(ok))
     return int(np.count_nonzero(values != expected))
+
+
+class Oracle:
+    """The check of one row: the input each group rank writes before a checked call and the
+    result it must find after it, by the collective's closed forms (collectives.py), each
+    computed once per row (clear() between rows)."""
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def fill(self, coll, inp, res, in_place, op, dtype, p, g, root) -> None:
+        """Writes group rank g's input into `inp`, after clearing `res` where the collective
+        says so (a result left from an earlier call must not pass the check)."""
+        if coll.clear_result(in_place):
+            res.fill(0)
+        key = ("in", coll.name, op, dtype, p, g, root, inp.size)
+        a = self._cache.get(key)
+        if a is None:
+            a = self._cache[key] = to_storage(coll.source(op, dtype, p, g, root, inp.size), dtype)
+        np.copyto(inp, a)
+
+    def wrong(self, coll, res, op, dtype, p, g, count, block) -> int:
+        """Wrong elements of group rank g's result `res`."""
+        key = ("exp", coll.name, op, dtype, p, g, count)
+        e = self._cache.get(key)
+        if e is None:
+            e = coll.expected(op, dtype, p, g, count, block)
+            if op != "avg" or not coll.reduces:
+                e = to_storage(e, dtype)  # exact integers: compare in the storage type
+            self._cache[key] = e
+        return count_wrong(res, dtype, e, op if coll.reduces else None)

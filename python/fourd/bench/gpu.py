@@ -14,16 +14,9 @@ import json
 import statistics
 import sys
 
-_TORCH_NAMES = {
-    "float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16",
-    "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64",
-}
-_BUSBW = {  # nccl-tests: busbw = algbw * factor(p)
-    "all_reduce": lambda p: 2.0 * (p - 1) / p,
-    "all_gather": lambda p: (p - 1) / p,
-    "reduce_scatter": lambda p: (p - 1) / p,
-    "broadcast": lambda p: 1.0,
-}
+from fourd._tensor import ITEMSIZE
+
+from .collectives import TABLE
 
 
 def unavailable_reason() -> str | None:
@@ -53,76 +46,92 @@ def run(cfg, world, prog: str) -> int:
         return 2
     import torch
 
-    import fourd
-
-    rank = world.Get_rank()
-    try:
-        grid = fourd.init(**cfg.grid, order=cfg.order, ranks_per_node=cfg.ranks_per_node)
-    except fourd.Error as e:
-        if rank == 0:
-            print(f"{prog}: error: could not build the grid: {e}", file=sys.stderr, flush=True)
+    grid = _grid(cfg, world, prog)
+    if grid is None:
         return 2
     dev = torch.device("cuda", torch.cuda.current_device())
     iters = cfg.iters or 20
-    rows = []
-    if rank == 0 and not cfg.quiet:
+    show = world.Get_rank() == 0 and not cfg.quiet
+    if show:
         print(f"# {prog} --device cuda: {world.Get_size()} ranks, {torch.cuda.get_device_name(dev)}"
               f", algorithm auto, {iters} iterations, CUDA-event timing")
         print(f"# {'collective':<15}{'axis':>8}{'dtype':>10}{'op':>6}{'bytes':>14}"
               f"{'time_us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}")
-    for coll in cfg.collectives:
-        for axis in cfg.axes:
-            p = axis.group_size
-            for dtype in cfg.dtypes:
-                tdt = getattr(torch, _TORCH_NAMES[dtype])
-                esize = torch.empty(0, dtype=tdt).element_size()
-                ops = [None] if coll in ("all_gather", "broadcast") else cfg.ops
-                for op in ops:
-                    if op == "avg" and not tdt.is_floating_point:
-                        continue
-                    for size in cfg.sizes:
-                        count = max(1, size // esize)
-                        count -= count % p if coll in ("all_gather", "reduce_scatter") else 0
-                        if count == 0:
-                            continue
-                        t = _time(grid, torch, coll, axis.name, op, tdt, count, p, dev, iters,
-                                  cfg.warmup, cfg.timeout)
-                        t = max(world.allgather(t))
-                        nbytes = count * esize
-                        algbw = nbytes / t / 1e9
-                        row = {"device": "cuda", "collective": coll, "axis": axis.name,
-                               "dtype": dtype, "op": op or "-", "bytes": nbytes,
-                               "time_us": t * 1e6, "algbw_GBps": algbw,
-                               "busbw_GBps": algbw * _BUSBW[coll](p)}
-                        rows.append(row)
-                        if rank == 0 and not cfg.quiet:
-                            print(f"  {coll:<15}{axis.name:>8}{dtype:>10}{row['op']:>6}"
-                                  f"{nbytes:>14}{row['time_us']:>12.1f}{algbw:>12.3f}"
-                                  f"{row['busbw_GBps']:>12.3f}", flush=True)
-    if rank == 0 and cfg.json:
+    rows = _sweep(cfg, world, grid, torch, dev, iters, show)
+    if world.Get_rank() == 0 and cfg.json:
         with open(cfg.json, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     grid.finalize()
     return 0
 
 
+def _sweep(cfg, world, grid, torch, dev, iters: int, show: bool) -> list:
+    """Every row, printed as it comes (show); collective over the world."""
+    rows = []
+    for coll in (TABLE[c] for c in cfg.collectives):
+        for axis in cfg.axes:
+            for dtype, op, count in _cells(cfg, coll, axis.group_size, torch):
+                t = _time(grid, torch, coll, axis.name, op, getattr(torch, dtype), count,
+                          axis.group_size, dev, iters, cfg.warmup, cfg.timeout)
+                rows.append(_row(coll, axis, dtype, op, count, max(world.allgather(t))))
+                if show:
+                    _print_row(rows[-1])
+    return rows
+
+
+def _grid(cfg, world, prog: str):
+    """fourd.init on every rank; None (rank 0 says why) when it fails."""
+    import fourd
+
+    try:
+        return fourd.init(**cfg.grid, order=cfg.order, ranks_per_node=cfg.ranks_per_node)
+    except fourd.Error as e:
+        if world.Get_rank() == 0:
+            print(f"{prog}: error: could not build the grid: {e}", file=sys.stderr, flush=True)
+        return None
+
+
+def _cells(cfg, coll, p: int, torch):
+    """(dtype, op or None, count) of every row of one (collective, axis), in the table's
+    order; count rounded as the collective's S is (collectives.py), at least one element."""
+    for dtype in cfg.dtypes:
+        floating = getattr(torch, dtype).is_floating_point
+        for op in cfg.ops if coll.reduces else [None]:
+            if op == "avg" and not floating:
+                continue
+            for size in cfg.sizes:
+                count = max(1, size // ITEMSIZE[dtype])
+                count -= count % p if coll.blocked else 0
+                if count > 0:
+                    yield dtype, op, count
+
+
+def _row(coll, axis, dtype: str, op, count: int, t: float) -> dict:
+    """A --json line: t is the slowest rank's median seconds."""
+    nbytes = count * ITEMSIZE[dtype]
+    algbw = nbytes / t / 1e9
+    return {"device": "cuda", "collective": coll.name, "axis": axis.name, "dtype": dtype,
+            "op": op or "-", "bytes": nbytes, "time_us": t * 1e6, "algbw_GBps": algbw,
+            "busbw_GBps": algbw * coll.bus(axis.group_size)}
+
+
+def _print_row(row: dict) -> None:
+    print(f"  {row['collective']:<15}{row['axis']:>8}{row['dtype']:>10}{row['op']:>6}"
+          f"{row['bytes']:>14}{row['time_us']:>12.1f}{row['algbw_GBps']:>12.3f}"
+          f"{row['busbw_GBps']:>12.3f}", flush=True)
+
+
 def _time(grid, torch, coll, axis, op, tdt, count, p, dev, iters, warmup, timeout) -> float:
-    """Median seconds of one call, from CUDA events around each call on the current stream."""
-    if coll == "all_gather":
-        inp = torch.ones(count // p, dtype=tdt, device=dev)
-        out = torch.empty(count, dtype=tdt, device=dev)
-        call = lambda: grid.all_gather(out, inp, axis, timeout=timeout)  # noqa: E731
-    elif coll == "reduce_scatter":
-        inp = torch.ones(count, dtype=tdt, device=dev)
-        out = torch.empty(count // p, dtype=tdt, device=dev)
-        call = lambda: grid.reduce_scatter(out, inp, axis, op=op, timeout=timeout)  # noqa: E731
-    elif coll == "broadcast":
-        buf = torch.ones(count, dtype=tdt, device=dev)
-        call = lambda: grid.broadcast(buf, 0, axis, timeout=timeout)  # noqa: E731
+    """Median seconds of one call, from CUDA events around each call on the current stream.
+    One buffer where the collective's in-place form reads and writes all of it (all_reduce,
+    broadcast), separate input and output otherwise."""
+    nsend, nrecv = coll.counts(count, p)
+    if coll.whole_buffer_in_place:
+        inp = out = torch.ones(nrecv, dtype=tdt, device=dev)
     else:
-        buf = torch.ones(count, dtype=tdt, device=dev)
-        call = lambda: grid.all_reduce(buf, axis, op=op, timeout=timeout)  # noqa: E731
+        inp = torch.ones(nsend, dtype=tdt, device=dev)
+        out = torch.empty(nrecv, dtype=tdt, device=dev)
+    call = coll.fourd(grid, axis, op, "auto", timeout, inp, out, coll.whole_buffer_in_place)
     for _ in range(max(1, warmup)):
         call()
     torch.cuda.synchronize(dev)

@@ -17,10 +17,11 @@ import warnings
 
 import numpy as np
 
-from .options import FLOATING
+import fourd
+from fourd import _C
 
-OPS_MPI = ("sum", "prod", "min", "max")
-
+from .check import NUMPY_STORAGE
+from .collectives import TABLE, MpiArgs, TorchArgs
 
 # Two arenas (send, receive) that every row's buffers are carved from. Allocated and written
 # once, at the size of the largest row (Buffers.reserve): a row that allocated its own arrays
@@ -38,9 +39,9 @@ def _carve(which: str, count: int, storage) -> np.ndarray:
 
 class Buffers:
     """The send and receive arrays of one (collective, axis, dtype, size), shared by every
-    implementation and carved from arenas that live for the whole run. Storage is numpy;
-    bfloat16 is stored as its uint16 bit pattern. Contents are whatever the previous row left;
-    the check fills what it compares."""
+    implementation and carved from arenas that live for the whole run; their counts are the
+    collective's (collectives.py). Storage is numpy; bfloat16 is stored as its uint16 bit
+    pattern. Contents are whatever the previous row left; the check fills what it compares."""
 
     @staticmethod
     def reserve(nbytes: int) -> None:
@@ -52,22 +53,14 @@ class Buffers:
                 a.fill(0)  # fault every page now, not in a timed cell
                 _ARENA[which] = a
 
-    def __init__(self, collective: str, dtype: str, count: int, p: int, storage):
+    def __init__(self, collective: str, dtype: str, count: int, p: int):
         self.collective, self.dtype, self.count, self.p = collective, dtype, count, p
-        self.block = count // p if collective in ("all_gather", "reduce_scatter") else count
-        if collective == "all_gather":
-            self.send = _carve("send", self.block, storage)
-            self.recv = _carve("recv", count, storage)
-        elif collective == "reduce_scatter":
-            self.send = _carve("send", count, storage)
-            self.recv = _carve("recv", self.block, storage)
-        elif collective == "all_reduce":
-            self.send = _carve("send", count, storage)
-            self.recv = _carve("recv", count, storage)
-        else:  # broadcast: one buffer
-            self.send = None
-            self.recv = _carve("recv", count, storage)
-        self._torch = {}
+        self.coll = TABLE[collective]
+        self.block = count // p if self.coll.blocked else count
+        storage = NUMPY_STORAGE[dtype]
+        nsend, nrecv = self.coll.counts(count, p)
+        self.send = _carve("send", nsend, storage) if nsend else None  # None: one buffer
+        self.recv = _carve("recv", nrecv, storage)
 
     def zero(self) -> None:
         """Zeros both arrays (rows without the check: no stale bit patterns, such as another
@@ -75,15 +68,6 @@ class Buffers:
         for a in (self.send, self.recv):
             if a is not None:
                 a.fill(0)
-
-    def torch_view(self, arr: np.ndarray):
-        """A torch tensor sharing `arr`'s memory (bfloat16 reinterpreted from its bits)."""
-        import torch
-
-        t = torch.from_numpy(arr)
-        if self.dtype == "bfloat16":
-            t = t.view(torch.bfloat16)
-        return t
 
 
 class Impl:
@@ -98,6 +82,9 @@ class Impl:
         return 0
 
     def unsupported(self, collective, dtype, op, in_place) -> str | None:
+        """Why this library cannot run the cell (the same on every rank), or None."""
+        if not in_place:
+            return TABLE[collective].in_place_only.get(self.library)
         return None
 
     def make_call(self, axis, bufs: Buffers, in_place: bool, op):
@@ -106,21 +93,9 @@ class Impl:
         raise NotImplementedError
 
 
-def _views(bufs: Buffers, in_place: bool, g: int):
-    """nccl-tests placement: in-place all-gather sends from block g of the output, in-place
-    reduce-scatter leaves the result in block g of the input."""
-    c = bufs.collective
-    b = bufs.block
-    if c == "all_reduce":
-        return (bufs.recv, bufs.recv) if in_place else (bufs.send, bufs.recv)
-    if c == "all_gather":
-        return (bufs.recv[g * b:(g + 1) * b], bufs.recv) if in_place else (bufs.send, bufs.recv)
-    if c == "reduce_scatter":
-        return (bufs.send, bufs.send[g * b:(g + 1) * b]) if in_place else (bufs.send, bufs.recv)
-    return bufs.recv, bufs.recv
-
-
 class FourdImpl(Impl):
+    """fourd's public API (fourd.all_reduce, ...) with one algorithm ("auto" included)."""
+
     library = "fourd"
 
     def __init__(self, grid, algorithm: str, timeout):
@@ -131,49 +106,22 @@ class FourdImpl(Impl):
         return self.grid.rank(axis.name)
 
     def unsupported(self, collective, dtype, op, in_place):
-        if collective == "broadcast" and self.algorithm != "auto":
-            return "fourd.broadcast takes no algorithm argument (only auto is measured)"
-        if collective == "broadcast" and not in_place:
-            return "fourd.broadcast works on one buffer (in place)"
-        return None
-
-    def _obj(self, arr, bufs):
-        return bufs.torch_view(arr) if bufs.dtype == "bfloat16" else arr
+        if not TABLE[collective].takes_algorithm and self.algorithm != "auto":
+            return f"fourd.{collective} takes no algorithm argument (only auto is measured)"
+        return super().unsupported(collective, dtype, op, in_place)
 
     def make_call(self, axis, bufs, in_place, op):
-        import fourd
-
-        g = self.group_rank(axis)
-        inp, res = _views(bufs, in_place, g)
-        a, grid, t, name = self.algorithm, self.grid, self.timeout, axis.name
-        c = bufs.collective
-        if c == "all_reduce" and not in_place:
-            # Separate send and receive buffers: what out-of-place means in nccl-tests.
-            i, o = self._obj(inp, bufs), self._obj(res, bufs)
-
-            def call():
-                fourd.all_reduce(i, name, op, output=o, grid=grid, algorithm=a, timeout=t)
-        elif c == "all_reduce":
-            obj = self._obj(res, bufs)
-
-            def call():
-                fourd.all_reduce(obj, name, op, grid=grid, algorithm=a, timeout=t)
-        elif c == "all_gather":
-            o, i = self._obj(res, bufs), self._obj(inp, bufs)
-
-            def call():
-                fourd.all_gather(o, i, name, grid=grid, algorithm=a, timeout=t)
-        elif c == "reduce_scatter":
-            o, i = self._obj(res, bufs), self._obj(inp, bufs)
-
-            def call():
-                fourd.reduce_scatter(o, i, name, op, grid=grid, algorithm=a, timeout=t)
-        else:
-            obj = self._obj(res, bufs)
-
-            def call():
-                fourd.broadcast(obj, 0, name, grid=grid, timeout=t)
+        inp, res = bufs.coll.views(bufs, in_place, self.group_rank(axis))
+        i, o = _fourd_view(inp, bufs.dtype), _fourd_view(res, bufs.dtype)
+        call = bufs.coll.fourd(self.grid, axis.name, op, self.algorithm, self.timeout, i, o,
+                               in_place)
         return call, inp, res
+
+
+def _fourd_view(arr: np.ndarray, dtype: str):
+    """What fourd is passed: the array itself, or a fourd.Buffer over the bit pattern of a
+    dtype numpy lacks (bfloat16)."""
+    return arr if arr.dtype.name == dtype else fourd.Buffer.of(arr, dtype)
 
 
 class MpiImpl(Impl):
@@ -218,8 +166,9 @@ class MpiImpl(Impl):
         return self.comms[axis.mask].Get_rank()
 
     def unsupported(self, collective, dtype, op, in_place):
-        if collective == "broadcast" and not in_place:
-            return "broadcast is measured in place only"
+        why = super().unsupported(collective, dtype, op, in_place)
+        if why is not None:
+            return why
         if op == "avg":
             return "MPI has no average reduction"
         if self.types[dtype] == self.MPI.DATATYPE_NULL:
@@ -227,36 +176,14 @@ class MpiImpl(Impl):
         return None
 
     def make_call(self, axis, bufs, in_place, op):
-        MPI = self.MPI
         comm = self.comms[axis.mask]
-        T = self.types[bufs.dtype]
-        c = bufs.collective
-        g = comm.Get_rank()
-        if c == "all_reduce":
-            mop = self.ops[op]
-            if in_place:
-                rb = [bufs.recv, T]
-                return (lambda: comm.Allreduce(MPI.IN_PLACE, rb, mop)), bufs.recv, bufs.recv
-            sb, rb = [bufs.send, T], [bufs.recv, T]
-            return (lambda: comm.Allreduce(sb, rb, mop)), bufs.send, bufs.recv
-        if c == "all_gather":
-            rb = [bufs.recv, T]
-            if in_place:
-                inp = bufs.recv[g * bufs.block:(g + 1) * bufs.block]
-                return (lambda: comm.Allgather(MPI.IN_PLACE, rb)), inp, bufs.recv
-            sb = [bufs.send, T]
-            return (lambda: comm.Allgather(sb, rb)), bufs.send, bufs.recv
-        if c == "reduce_scatter":
-            mop = self.ops[op]
-            if in_place:
-                # MPI's in-place form leaves the result at the start of the buffer.
-                sb = [bufs.send, T]
-                return ((lambda: comm.Reduce_scatter_block(MPI.IN_PLACE, sb, mop)), bufs.send,
-                        bufs.send[:bufs.block])
-            sb, rb = [bufs.send, T], [bufs.recv, T]
-            return (lambda: comm.Reduce_scatter_block(sb, rb, mop)), bufs.send, bufs.recv
-        b = [bufs.recv, T]
-        return (lambda: comm.Bcast(b, root=0)), bufs.recv, bufs.recv
+        coll = bufs.coll
+        inp, res = coll.views(bufs, in_place, comm.Get_rank())
+        if in_place and coll.mpi_in_place_result_first:
+            res = inp[:bufs.block]
+        args = MpiArgs(self.MPI, comm, self.types[bufs.dtype],
+                       self.ops[op] if coll.reduces else None)
+        return coll.mpi(args, inp, res, in_place), inp, res
 
 
 class TorchImpl(Impl):
@@ -345,30 +272,26 @@ class TorchImpl(Impl):
         return self.dist.get_group_rank(self.groups[axis.mask], self.roots[axis.mask])
 
     def unsupported(self, collective, dtype, op, in_place):
-        if collective in ("all_reduce", "broadcast") and not in_place:
-            return f"torch.distributed.{collective} works in place only"
-        if op == "avg" and (self.ops["avg"] is None or dtype not in FLOATING):
+        why = super().unsupported(collective, dtype, op, in_place)
+        if why is not None:
+            return why
+        if op == "avg" and (self.ops["avg"] is None or dtype not in _C.FLOATING_DTYPES):
             return "gloo has no average for this type"
         return None
 
     def make_call(self, axis, bufs, in_place, op):
-        dist = self.dist
         pg = self.groups[axis.mask]
-        g = dist.get_rank(pg)
-        inp, res = _views(bufs, in_place, g)
-        ti, tr = bufs.torch_view(inp), bufs.torch_view(res)
-        c = bufs.collective
-        if c == "all_reduce":
-            top = self.ops[op]
-            return (lambda: dist.all_reduce(tr, op=top, group=pg)), inp, res
-        if c == "all_gather":
-            ag = self._ag
-            return (lambda: ag(tr, ti, group=pg)), inp, res
-        if c == "reduce_scatter":
-            rs, top = self._rs, self.ops[op]
-            return (lambda: rs(tr, ti, op=top, group=pg)), inp, res
-        root = self.roots[axis.mask]
-        return (lambda: dist.broadcast(tr, src=root, group=pg)), res, res
+        coll = bufs.coll
+        inp, res = coll.views(bufs, in_place, self.dist.get_rank(pg))
+        args = TorchArgs(self.dist, pg, self.ops[op] if coll.reduces else None,
+                         self.roots[axis.mask], self._ag, self._rs)
+        return coll.torch(args, self._tensor(inp, bufs.dtype), self._tensor(res, bufs.dtype)), \
+            inp, res
+
+    def _tensor(self, arr: np.ndarray, dtype: str):
+        """A torch tensor sharing `arr`'s memory (bfloat16 reinterpreted from its bits)."""
+        t = self.torch.from_numpy(arr)
+        return t if arr.dtype.name == dtype else t.view(getattr(self.torch, dtype))
 
 
 def quiet_torch_warnings():

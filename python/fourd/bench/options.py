@@ -14,29 +14,17 @@ import os
 import re
 from dataclasses import dataclass, field
 
-AXES = ("x", "y", "z", "data")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-DEFAULT_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-ALGORITHMS = ("flat", "ring", "rhd", "hierarchical", "shm")
-OPS = ("sum", "prod", "min", "max", "avg")
-BASELINES = ("mpi", "torch")
-REDUCING = ("all_reduce", "reduce_scatter")
+from fourd import _C
+from fourd.errors import InvalidArgumentError
 
-# fourd's dtypes and the aliases accepted on the command line (nccl-tests and torch names).
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
-DTYPE_ALIASES = {
-    "float": "float32", "float32": "float32", "fp32": "float32",
-    "double": "float64", "float64": "float64", "fp64": "float64",
-    "half": "float16", "float16": "float16", "fp16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "int8": "int8", "char": "int8", "uint8": "uint8",
-    "int32": "int32", "int": "int32", "int64": "int64",
-}
-ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
-            "int32": 4, "int64": 8}
-FLOATING = ("float32", "float64", "float16", "bfloat16")
-OP_ALIASES = {"sum": "sum", "prod": "prod", "product": "prod", "min": "min", "max": "max",
-              "avg": "avg", "mean": "avg"}
+from .collectives import DEFAULT_COLLECTIVES, TABLE
+
+# Names are fourd's (fourd._C); the benchmark adds its own baselines and the CLI spellings below.
+DTYPES = _C.DTYPES
+BASELINES = ("mpi", "torch")
+# nccl-tests' name for int8, which fourd's parser does not take (fourd._C.parse_dtype takes the
+# other spellings: float, double, half, bf16, int, ...).
+_DTYPE_ALIASES = {"char": "int8"}
 
 # Default sweep: 1 KiB .. 16 MiB by 4 keeps a no-flag run on 4 ranks of a 2-core machine well
 # inside 90 s while covering the latency-bound and the bandwidth-bound ends.
@@ -112,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
             "every check passed, 1 when a row had #wrong > 0, 2 for a bad command line.\n"
             "See docs/benchmark.md for the output columns and the JSON schema."),
     )
+    for add in (_add_sizes, _add_what, _add_grid, _add_output):
+        add(p)
+    return p
+
+
+def _add_sizes(p) -> None:
+    """Sizes and iterations (the nccl-tests names)."""
     g = p.add_argument_group("sizes and iterations (nccl-tests names)")
     g.add_argument("-b", "--minbytes", type=_size, default=DEFAULT_MINBYTES, metavar="SIZE",
                    help="smallest message size in bytes (default 1K)")
@@ -148,22 +143,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-T", "--timeout", type=float, default=None, metavar="SECONDS",
                    help="deadline of each fourd call (default: fourd's, FOURD_TIMEOUT_S or 300)")
 
+
+def _add_what(p) -> None:
+    """What to measure; names are fourd's (fourd._C) and the collective table's."""
     g = p.add_argument_group("what to measure")
     g.add_argument("-d", "--datatype", default="float", metavar="TYPES",
                    help="float, double, half, bfloat16, int8, uint8, int32, int64 (or float32, "
                         "float64, float16), a comma list, or all (default float)")
     g.add_argument("-o", "--op", default="sum", metavar="OPS",
-                   help="sum, prod, min, max, avg, a comma list, or all (default sum); "
-                        "all_gather and broadcast have no op")
+                   help=f"{', '.join(_C.OPS)}, a comma list, or all (default sum); "
+                        f"{' and '.join(n for n, c in TABLE.items() if not c.reduces)} have no op")
     g.add_argument("--collective", default=None, metavar="NAMES",
-                   help="all_reduce, all_gather, reduce_scatter, broadcast, a comma list, or "
-                        "all (default: all_reduce,all_gather,reduce_scatter)")
+                   help=f"{', '.join(TABLE)}, a comma list, or all (default: "
+                        f"{','.join(DEFAULT_COLLECTIVES)})")
     g.add_argument("--axis", default=None, metavar="AXES",
-                   help="x, y, z, data, world, a combination like z+data, a comma list, or all "
+                   help=f"{', '.join(_C.AXES)}, world, a combination like z+data, a comma list, or all "
                         "(every combination). Default: every axis with more than one rank, "
                         "then world")
     g.add_argument("--algorithm", default=None, metavar="NAMES",
-                   help="auto, flat, ring, rhd, hierarchical, shm, a comma list, or all. "
+                   help=f"{', '.join(_C.ALGORITHMS)}, a comma list, or all. "
                         "Default: auto plus every algorithm fourd.explain reports as able to "
                         "run the axis")
     g.add_argument("--device", default="cpu", metavar="DEVICE",
@@ -173,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--baseline", default=None, metavar="NAMES",
                    help="mpi, torch, a comma list, or none (default: every one installed)")
 
+
+def _add_grid(p) -> None:
+    """The grid and its topology."""
     g = p.add_argument_group("grid and topology")
     g.add_argument("--grid", default=None, metavar="SPEC",
                    help="grid sizes such as x=2,y=2,z=1,data=1 (missing axes are 1, data "
@@ -187,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="link rate of each node, tc syntax: 4gbit, 800mbit, 1.25gbps (bytes/s). "
                         "Default: FOURD_CLUSTER_RATE_BPS (set by bench/cluster/run_cluster.sh)")
 
+
+def _add_output(p) -> None:
+    """Output files and what is printed."""
     g = p.add_argument_group("output")
     g.add_argument("-J", "--json", default=None, metavar="FILE", help="write every row as JSON")
     g.add_argument("--csv", default=None, metavar="FILE", help="write every row as CSV")
@@ -198,7 +202,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the progress bar even when stderr is not a terminal (under "
                         "mpiexec it usually is not)")
     g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
-    return p
 
 
 @dataclass
@@ -246,9 +249,6 @@ class Config:
     raw: dict = field(default_factory=dict)
 
 
-_BIT = {"x": 1, "y": 2, "z": 4, "data": 8}
-
-
 def _sizes(args) -> list[int]:
     lo, hi = args.minbytes, args.maxbytes
     if lo < 1:
@@ -257,23 +257,8 @@ def _sizes(args) -> list[int]:
         raise UsageError(f"-e/--maxbytes: expected at least -b/--minbytes ({lo}); found {hi}")
     if args.stepbytes is not None and args.stepfactor is not None:
         raise UsageError("-f/--stepfactor and -i/--stepbytes: expected one of them, found both")
-    out = []
-    if args.stepbytes is not None:
-        if args.stepbytes < 1:
-            raise UsageError(f"-i/--stepbytes: expected at least 1 byte; found {args.stepbytes}")
-        s = lo
-        while s <= hi and len(out) <= MAX_SIZES:
-            out.append(s)
-            s += args.stepbytes
-    else:
-        f = DEFAULT_STEPFACTOR if args.stepfactor is None else args.stepfactor
-        if not (f > 1.0) or math.isinf(f):
-            raise UsageError(f"-f/--stepfactor: expected a factor greater than 1; found {f:g}")
-        s = float(lo)
-        while round(s) <= hi and len(out) <= MAX_SIZES:
-            if not out or round(s) != out[-1]:
-                out.append(round(s))
-            s *= f
+    out = _added_sizes(lo, hi, args.stepbytes) if args.stepbytes is not None else \
+        _multiplied_sizes(lo, hi, args.stepfactor)
     if len(out) > MAX_SIZES:
         raise UsageError(
             f"-b/-e/-f/-i: expected at most {MAX_SIZES} sizes; found more (from {lo} to {hi}); "
@@ -281,48 +266,80 @@ def _sizes(args) -> list[int]:
     return out
 
 
-def _choose(text: str | None, option: str, names, aliases=None, allow_all=True,
-            all_value=None) -> list[str] | None:
+def _added_sizes(lo: int, hi: int, step: int) -> list[int]:
+    """lo, lo + step, ... up to hi (-i); one more than MAX_SIZES at most."""
+    if step < 1:
+        raise UsageError(f"-i/--stepbytes: expected at least 1 byte; found {step}")
+    out, s = [], lo
+    while s <= hi and len(out) <= MAX_SIZES:
+        out.append(s)
+        s += step
+    return out
+
+
+def _multiplied_sizes(lo: int, hi: int, factor: float | None) -> list[int]:
+    """lo, lo x F, ... up to hi, rounded, without repeats (-f); one more than MAX_SIZES at most."""
+    f = DEFAULT_STEPFACTOR if factor is None else factor
+    if not (f > 1.0) or math.isinf(f):
+        raise UsageError(f"-f/--stepfactor: expected a factor greater than 1; found {f:g}")
+    out, s = [], float(lo)
+    while round(s) <= hi and len(out) <= MAX_SIZES:
+        if not out or round(s) != out[-1]:
+            out.append(round(s))
+        s *= f
+    return out
+
+
+def _vocabulary(parse, names, aliases=None):
+    """A CLI item -> its name in `names` through one of fourd's parsers (fourd._C.parse_*:
+    fourd's own aliases included) and the bench's own `aliases`; None when neither knows it."""
+
+    def canonical(item: str) -> str | None:
+        key = item.lower()
+        if aliases and key in aliases:
+            return aliases[key]
+        try:
+            return names[parse(key, "")]
+        except (InvalidArgumentError, IndexError):
+            return None
+
+    return canonical
+
+
+def _choose(text: str | None, option: str, names, canonical, all_value=None) -> list[str] | None:
+    """A comma list of names (or 'all') -> the names, each once, in the order given."""
     if text is None:
         return None
     items = _split(text)
     if not items:
         raise UsageError(f"{option}: expected a name or a comma list; found {text!r}")
-    if allow_all and any(i.lower() == "all" for i in items):
+    if any(i.lower() == "all" for i in items):
         if len(items) > 1:
             raise UsageError(f"{option}: 'all' cannot be combined with other names; found {text!r}")
         return list(all_value if all_value is not None else names)
     out = []
     for i in items:
-        key = i.lower()
-        v = (aliases or {}).get(key, key if key in names else None)
-        if v is None:
-            choices = ", ".join(names) + (", all" if allow_all else "")
-            raise UsageError(f"{option}: expected one of {choices}; found {i!r}")
+        v = canonical(i)
+        if v is None or v not in names:
+            raise UsageError(f"{option}: expected one of {', '.join(names)}, all; found {i!r}")
         if v not in out:
             out.append(v)
     return out
 
 
+_DTYPE = _vocabulary(_C.parse_dtype, _C.DTYPES, _DTYPE_ALIASES)
+_OP = _vocabulary(_C.parse_op, _C.OPS)
+_COLLECTIVE = _vocabulary(_C.parse_collective, _C.COLLECTIVES)
+_ALGORITHM = _vocabulary(_C.parse_algorithm, _C.ALGORITHMS)
+
+
+def _baseline(item: str) -> str | None:
+    key = item.lower()
+    return key if key in BASELINES + ("none",) else None
+
+
 def parse_grid(text: str, world: int) -> dict:
-    sizes: dict = {}
-    for item in _split(text):
-        k, sep, v = item.partition("=")
-        k = k.strip()
-        if not sep or k not in AXES:
-            raise UsageError(
-                f"--grid: expected axis=size pairs such as x=2,y=2,z=1,data=1; found {item!r}")
-        if k in sizes:
-            raise UsageError(f"--grid: axis {k!r} given twice in {text!r}")
-        try:
-            n = int(v)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise UsageError(f"--grid: expected a size >= 1 for {k}; found {v.strip()!r}")
-        sizes[k] = n
-    if not sizes:
-        raise UsageError(f"--grid: expected axis=size pairs such as x=2,data=2; found {text!r}")
+    sizes = _grid_pairs(text)
     x, y, z = sizes.get("x", 1), sizes.get("y", 1), sizes.get("z", 1)
     if "data" not in sizes:
         if world % (x * y * z):
@@ -337,13 +354,38 @@ def parse_grid(text: str, world: int) -> dict:
     return {"x": x, "y": y, "z": z, "data": sizes["data"]}
 
 
+def _grid_pairs(text: str) -> dict:
+    """'x=2,data=3' -> {"x": 2, "data": 3}: fourd's axis names, each once, sizes >= 1."""
+    sizes: dict = {}
+    for item in _split(text):
+        k, sep, v = item.partition("=")
+        k = k.strip()
+        if not sep or k not in _C.AXES:
+            raise UsageError(
+                f"--grid: expected axis=size pairs such as x=2,y=2,z=1,data=1; found {item!r}")
+        if k in sizes:
+            raise UsageError(f"--grid: axis {k!r} given twice in {text!r}")
+        try:
+            n = int(v)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise UsageError(f"--grid: expected a size >= 1 for {k}; found {v.strip()!r}")
+        sizes[k] = n
+    if not sizes:
+        raise UsageError(f"--grid: expected axis=size pairs such as x=2,data=2; found {text!r}")
+    return sizes
+
+
 def parse_order(text: str) -> str:
-    parts = [p.strip() for p in re.split(r"[-,]", text) if p.strip()]
-    if sorted(parts) != sorted(AXES):
+    """The grid's own parsing (fourd._C.parse_order); the bench also takes ',' between axes."""
+    joined = "-".join(p.strip() for p in re.split(r"[-,]", text) if p.strip())
+    try:
+        return _C.parse_order(joined)
+    except InvalidArgumentError:
         raise UsageError(
             f"--order: expected the four axes x, y, z, data in some order, such as x-y-z-data; "
-            f"found {text!r}")
-    return "-".join(parts)
+            f"found {text!r}") from None
 
 
 def default_grid(world: int, hosts: list[str]) -> tuple[dict, int | None, str]:
@@ -370,67 +412,64 @@ def default_grid(world: int, hosts: list[str]) -> tuple[dict, int | None, str]:
 
 
 def parse_axis_name(name: str) -> int:
-    if name == "world":
-        return 15
-    parts = name.split("+")
-    if any(p not in _BIT for p in parts) or len(set(parts)) != len(parts):
+    """An --axis item -> its mask, by the grid's own parsing (fourd._C.parse_axis)."""
+    try:
+        return _C.parse_axis(name, "--axis")
+    except InvalidArgumentError:
         raise UsageError(
             f"--axis: expected x, y, z, data, world, a combination such as z+data, or all; "
-            f"found {name!r}")
-    m = 0
-    for p in parts:
-        m |= _BIT[p]
-    return m
+            f"found {name!r}") from None
 
 
-def mask_name(mask: int, nontrivial: int) -> str:
+def axis_label(mask: int, nontrivial: int) -> str:
+    """An axis as the tables name it: 'world' for the group of every axis with more than one
+    rank (when that is more than one axis), fourd's name of the mask otherwise."""
     if mask == nontrivial and nontrivial.bit_count() > 1:
         return "world"
-    return "+".join(a for a in AXES if mask & _BIT[a])
+    return _C.mask_name(mask)
 
 
-def resolve_axes(text: str | None, grid: dict, notes: list) -> list[AxisSpec]:
-    nontrivial = 0
-    for a in AXES:
-        if grid[a] > 1:
-            nontrivial |= _BIT[a]
-
-    def size(mask):
-        return math.prod(grid[a] for a in AXES if mask & _BIT[a])
-
-    masks: list[int] = []
+def _axis_masks(text: str | None, sizes: dict, nontrivial: int, notes: list) -> list[int]:
+    """The masks --axis asks for (with repeats), restricted to the axes of more than one rank."""
+    single = [_C.parse_axis(a) for a in _C.AXES if sizes[a] > 1]
     if text is None:
-        masks = [_BIT[a] for a in AXES if grid[a] > 1]
-        if nontrivial.bit_count() > 1:
-            masks.append(nontrivial)
-    else:
-        items = _split(text)
-        if not items:
-            raise UsageError(f"--axis: expected an axis name or a comma list; found {text!r}")
-        if any(i == "all" for i in items):
-            if len(items) > 1:
-                raise UsageError(f"--axis: 'all' cannot be combined with other names; found {text!r}")
-            bits = [_BIT[a] for a in AXES if grid[a] > 1]
-            for r in range(1, len(bits) + 1):
-                for combo in itertools.combinations(bits, r):
-                    masks.append(sum(combo))
-        else:
-            for i in items:
-                m = parse_axis_name(i) & nontrivial
-                if m == 0:
-                    notes.append(f"axis {i}: a group of 1 rank on this grid, nothing to measure (skipped)")
-                    continue
-                masks.append(m)
-    out, seen = [], set()
-    for m in masks:
-        if m in seen:
+        return single + ([nontrivial] if nontrivial.bit_count() > 1 else [])
+    items = _split(text)
+    if not items:
+        raise UsageError(f"--axis: expected an axis name or a comma list; found {text!r}")
+    if any(i == "all" for i in items):
+        if len(items) > 1:
+            raise UsageError(f"--axis: 'all' cannot be combined with other names; found {text!r}")
+        return [sum(c) for r in range(1, len(single) + 1)
+                for c in itertools.combinations(single, r)]
+    masks = []
+    for i in items:
+        m = parse_axis_name(i) & nontrivial
+        if m == 0:
+            notes.append(f"axis {i}: a group of 1 rank on this grid, nothing to measure (skipped)")
             continue
-        seen.add(m)
-        out.append(AxisSpec(mask_name(m, nontrivial), m, size(m)))
+        masks.append(m)
+    return masks
+
+
+def resolve_axes(text: str | None, sizes: dict, notes: list,
+                 order: str = "x-y-z-data") -> list[AxisSpec]:
+    """--axis against the grid `sizes` (axis -> size): one AxisSpec per distinct group, with its
+    size from the grid's own arithmetic (fourd._C.ProcessGrid)."""
+    grid = _C.ProcessGrid(sizes=[sizes[a] for a in _C.AXES], order=order)
+    nontrivial = 0
+    for a in _C.AXES:
+        if sizes[a] > 1:
+            nontrivial |= _C.parse_axis(a)
+    out, seen = [], set()
+    for m in _axis_masks(text, sizes, nontrivial, notes):
+        if m not in seen:
+            seen.add(m)
+            out.append(AxisSpec(axis_label(m, nontrivial), m, grid.group_size(m)))
     if not out:
         raise UsageError(
             "--axis: nothing to measure: every requested axis is a group of 1 rank on this grid "
-            f"({', '.join(f'{a}={grid[a]}' for a in AXES)})")
+            f"({', '.join(f'{a}={sizes[a]}' for a in _C.AXES)})")
     return out
 
 
@@ -447,6 +486,30 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
         raise HelpRequested(parser.format_help())
     notes: list[str] = []
     sizes = _sizes(args)
+    _check_numbers(args)
+    names = _names(args)
+    grid, order, rpn, source = _grid(args, world, hosts)
+    axes = resolve_axes(args.axis, grid, notes, order)
+    link_rate, link_src = _link_rate(args, environ, notes)
+    _check_outputs(args)
+    device = _one_of(args.device, "--device", ("cpu", "cuda"), "expected cpu or cuda")
+    timing = _one_of(args.timing, "--timing", ("iteration", "batch"),
+                     "expected iteration or batch")
+    return Config(
+        timing=timing, device=device, argv=list(argv), sizes=sizes, iters=args.iters,
+        warmup=args.warmup_iters, rounds=args.rounds, target_time=args.target_time,
+        check=args.check, timeout=args.timeout, **names, axes=axes,
+        axes_requested=args.axis is not None, algorithms_requested=args.algorithm is not None,
+        baselines_requested=args.baseline is not None,
+        grid=grid, order=order, ranks_per_node=rpn, grid_source=source, link_rate=link_rate,
+        link_rate_source=link_src, json=args.json, csv=args.csv, plot=args.plot,
+        quiet=args.quiet, progress=args.progress, notes=notes,
+        raw={k: v for k, v in vars(args).items() if k != "help"},
+    )
+
+
+def _check_numbers(args) -> None:
+    """The counts and durations: each in its range, and -n not with --target-time."""
     if args.iters is not None and args.iters < 1:
         raise UsageError(f"-n/--iters: expected at least 1 timed iteration; found {args.iters}")
     if args.warmup_iters < 0:
@@ -463,57 +526,68 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"-T/--timeout: expected a positive number of seconds; found {args.timeout:g}")
 
-    dtypes = _choose(args.datatype, "-d/--datatype", DTYPES, DTYPE_ALIASES)
-    ops = _choose(args.op, "-o/--op", OPS, OP_ALIASES)
-    colls = _choose(args.collective, "--collective", COLLECTIVES) or list(DEFAULT_COLLECTIVES)
 
-    algs_req = args.algorithm is not None
-    algs = _choose(args.algorithm, "--algorithm", ("auto",) + ALGORITHMS,
-                   all_value=("auto",) + ALGORITHMS)
-    if algs is None:
-        algs = ["auto", *ALGORITHMS]  # each kept only where fourd.explain says it can run
+def _names(args) -> dict:
+    """dtypes, ops, collectives, algorithms ("auto" first by default) and baselines, checked in
+    that order."""
+    names = {
+        "dtypes": _choose(args.datatype, "-d/--datatype", _C.DTYPES, _DTYPE),
+        "ops": _choose(args.op, "-o/--op", _C.OPS, _OP),
+        "collectives": (_choose(args.collective, "--collective", tuple(TABLE), _COLLECTIVE)
+                        or list(DEFAULT_COLLECTIVES)),
+        # By default every algorithm, each kept only where fourd.explain says it can run.
+        "algorithms": (_choose(args.algorithm, "--algorithm", _C.ALGORITHMS, _ALGORITHM)
+                       or list(_C.ALGORITHMS)),
+    }
+    names["baselines"] = _baselines(args.baseline)
+    return names
 
-    base_req = args.baseline is not None
-    if args.baseline is not None and args.baseline.strip().lower() == "none":
-        baselines = []
-    else:
-        baselines = _choose(args.baseline, "--baseline", BASELINES + ("none",),
-                            all_value=BASELINES) or list(BASELINES)
-        if "none" in baselines:
-            raise UsageError(f"--baseline: 'none' cannot be combined with other names; found {args.baseline!r}")
 
+def _baselines(text: str | None) -> list[str]:
+    if text is not None and text.strip().lower() == "none":
+        return []
+    baselines = _choose(text, "--baseline", BASELINES + ("none",), _baseline,
+                        all_value=BASELINES) or list(BASELINES)
+    if "none" in baselines:
+        raise UsageError(f"--baseline: 'none' cannot be combined with other names; found {text!r}")
+    return baselines
+
+
+def _grid(args, world: int, hosts: list[str]) -> tuple[dict, str, int | None, str]:
+    """(grid sizes, order, ranks per node, where the grid came from)."""
     if args.ranks_per_node is not None and not 1 <= args.ranks_per_node <= world:
         raise UsageError(
             f"--ranks-per-node: expected an integer from 1 to the number of ranks ({world}); "
             f"found {args.ranks_per_node}")
     order = parse_order(args.order)
     if args.grid is not None:
-        grid = parse_grid(args.grid, world)
+        return parse_grid(args.grid, world), order, args.ranks_per_node, "--grid"
+    grid, rpn, source = default_grid(world, hosts)
+    if args.ranks_per_node is not None:
         rpn = args.ranks_per_node
-        source = "--grid"
-    else:
-        grid, rpn, source = default_grid(world, hosts)
-        if args.ranks_per_node is not None:
-            rpn = args.ranks_per_node
-            source += f" (--ranks-per-node {rpn})"
-    axes = resolve_axes(args.axis, grid, notes)
+        source += f" (--ranks-per-node {rpn})"
+    return grid, order, rpn, source
 
+
+def _link_rate(args, environ, notes: list) -> tuple[float | None, str]:
+    """(link rate in bytes/s or None, where it came from): --link-rate, else
+    FOURD_CLUSTER_RATE_BPS (bits/s, set by the cluster harness)."""
     if args.link_rate is not None:
-        link_rate, link_src = parse_rate(args.link_rate), f"--link-rate {args.link_rate}"
-    else:
-        link_rate, link_src = None, "none"
-        env = environ.get("FOURD_CLUSTER_RATE_BPS", "").strip()
-        if env:
-            try:
-                bps = float(env)
-            except ValueError:
-                bps = 0.0
-            if bps > 0:
-                link_rate = bps / 8.0
-                link_src = f"FOURD_CLUSTER_RATE_BPS={env}"
-            else:
-                notes.append(f"FOURD_CLUSTER_RATE_BPS={env!r} is not a rate in bits/s: ignored")
+        return parse_rate(args.link_rate), f"--link-rate {args.link_rate}"
+    env = environ.get("FOURD_CLUSTER_RATE_BPS", "").strip()
+    if not env:
+        return None, "none"
+    try:
+        bps = float(env)
+    except ValueError:
+        bps = 0.0
+    if bps > 0:
+        return bps / 8.0, f"FOURD_CLUSTER_RATE_BPS={env}"
+    notes.append(f"FOURD_CLUSTER_RATE_BPS={env!r} is not a rate in bits/s: ignored")
+    return None, "none"
 
+
+def _check_outputs(args) -> None:
     for opt, path in (("--json", args.json), ("--csv", args.csv), ("--plot", args.plot)):
         if path is not None:
             folder = os.path.dirname(os.path.abspath(path))
@@ -522,22 +596,9 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
     if args.plot is not None and not args.plot.lower().endswith((".png", ".svg", ".pdf")):
         raise UsageError(f"--plot: expected a file name ending in .png, .svg or .pdf; found {args.plot!r}")
 
-    device = str(args.device).strip().lower()
-    if device not in ("cpu", "cuda"):
-        raise UsageError(f"--device: expected cpu or cuda; found {args.device!r}")
 
-    timing = str(args.timing).strip().lower()
-    if timing not in ("iteration", "batch"):
-        raise UsageError(f"--timing: expected iteration or batch; found {args.timing!r}")
-
-    return Config(
-        timing=timing, device=device, argv=list(argv), sizes=sizes, iters=args.iters, warmup=args.warmup_iters,
-        rounds=args.rounds, target_time=args.target_time,
-        check=args.check, timeout=args.timeout, dtypes=dtypes, ops=ops, collectives=colls,
-        axes=axes, axes_requested=args.axis is not None, algorithms=algs,
-        algorithms_requested=algs_req, baselines=baselines, baselines_requested=base_req,
-        grid=grid, order=order, ranks_per_node=rpn, grid_source=source, link_rate=link_rate,
-        link_rate_source=link_src, json=args.json, csv=args.csv, plot=args.plot,
-        quiet=args.quiet, progress=args.progress, notes=notes,
-        raw={k: v for k, v in vars(args).items() if k != "help"},
-    )
+def _one_of(value, option: str, choices: tuple, expected: str) -> str:
+    v = str(value).strip().lower()
+    if v not in choices:
+        raise UsageError(f"{option}: {expected}; found {value!r}")
+    return v

@@ -12,6 +12,8 @@ import json
 import math
 import sys
 
+from .collectives import TABLE
+
 SCHEMA = "fourd.bench"
 SCHEMA_VERSION = 4  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning;
 #                     4: auto_choices
@@ -45,9 +47,19 @@ LIBRARIES = ("fourd", "mpi", "torch")
 
 def validate(doc) -> list[str]:
     """Problems with a JSON document against the schema; [] when it conforms."""
-    errs = []
     if not isinstance(doc, dict):
         return [f"top level: expected an object, found {type(doc).__name__}"]
+    errs = _top_errors(doc)
+    for i, row in enumerate(doc.get("rows") or []):
+        errs += _row_errors(i, row)
+        if isinstance(row, dict) and len(errs) > 50:
+            errs.append("... (stopped after 50 problems)")
+            break
+    return errs
+
+
+def _top_errors(doc: dict) -> list[str]:
+    errs = []
     for key, typ in TOP_FIELDS:
         if key not in doc:
             errs.append(f"missing top-level key {key!r}")
@@ -57,30 +69,33 @@ def validate(doc) -> list[str]:
         errs.append(f"schema: expected {SCHEMA!r}, found {doc.get('schema')!r}")
     if doc.get("schema_version") != SCHEMA_VERSION:
         errs.append(f"schema_version: expected {SCHEMA_VERSION}, found {doc.get('schema_version')!r}")
-    for i, row in enumerate(doc.get("rows") or []):
-        if not isinstance(row, dict):
-            errs.append(f"rows[{i}]: expected an object")
-            continue
-        for key, typ in ROW_FIELDS:
-            if key not in row:
-                errs.append(f"rows[{i}]: missing {key!r}")
-                continue
-            v = row[key]
-            ok_types = typ if isinstance(typ, tuple) else (typ,)
-            if float in ok_types and isinstance(v, int) and not isinstance(v, bool):
-                continue
-            if not isinstance(v, ok_types) or (bool not in ok_types and isinstance(v, bool)):
-                errs.append(f"rows[{i}].{key}: expected {_tname(typ)}, found {type(v).__name__}")
-        if row.get("library") not in LIBRARIES:
-            errs.append(f"rows[{i}].library: expected one of {LIBRARIES}, found {row.get('library')!r}")
-        for key in ("time_us", "time_us_min", "time_us_median", "time_us_p99"):
-            v = row.get(key)
-            if isinstance(v, (int, float)) and not (math.isfinite(v) and v >= 0):
-                errs.append(f"rows[{i}].{key}: expected a finite time >= 0, found {v!r}")
-        if len(errs) > 50:
-            errs.append("... (stopped after 50 problems)")
-            break
     return errs
+
+
+def _row_errors(i: int, row) -> list[str]:
+    if not isinstance(row, dict):
+        return [f"rows[{i}]: expected an object"]
+    errs = []
+    for key, typ in ROW_FIELDS:
+        if key not in row:
+            errs.append(f"rows[{i}]: missing {key!r}")
+        elif not _has_type(row[key], typ):
+            errs.append(f"rows[{i}].{key}: expected {_tname(typ)}, found {type(row[key]).__name__}")
+    if row.get("library") not in LIBRARIES:
+        errs.append(f"rows[{i}].library: expected one of {LIBRARIES}, found {row.get('library')!r}")
+    for key in ("time_us", "time_us_min", "time_us_median", "time_us_p99"):
+        v = row.get(key)
+        if isinstance(v, (int, float)) and not (math.isfinite(v) and v >= 0):
+            errs.append(f"rows[{i}].{key}: expected a finite time >= 0, found {v!r}")
+    return errs
+
+
+def _has_type(v, typ) -> bool:
+    """A row value of the field type: an int passes for a float, a bool only for a bool."""
+    ok_types = typ if isinstance(typ, tuple) else (typ,)
+    if float in ok_types and isinstance(v, int) and not isinstance(v, bool):
+        return True
+    return isinstance(v, ok_types) and (bool in ok_types or not isinstance(v, bool))
 
 
 def _tname(typ) -> str:
@@ -153,44 +168,50 @@ def write_plot(path: str, rows: list, title: str):
                              squeeze=False)
     for i, c in enumerate(colls):
         for j, a in enumerate(axes):
-            ax = grid[i][j]
             mine = [r for r in rows if r["collective"] == c and r["axis"] == a]
-            multi = len({(r["dtype"], r["op"]) for r in mine}) > 1
-            keys = list(dict.fromkeys((series_label(r), r["dtype"], r["op"]) for r in mine))
-            for key in keys:
-                sel = [r for r in mine if (series_label(r), r["dtype"], r["op"]) == key]
-                oop = [r for r in sel if not r["in_place"]]
-                use = oop or sel
-                use = sorted(use, key=lambda r: r["size_bytes"])
-                label = key[0] + ("" if oop else " (in-place)")
-                if multi:
-                    label += f" {key[1]}" + ("" if key[2] == "none" else f" {key[2]}")
-                style = "-o" if use and use[0]["library"] == "fourd" else "--s"
-                ax.plot([r["size_bytes"] for r in use], [r["busbw_gbps"] for r in use], style,
-                        ms=3, label=label)
-            bnd = {}
-            for r in mine:
-                if r.get("bound_us"):
-                    bnd[r["size_bytes"]] = r["size_bytes"] / (r["bound_us"] * 1e-6) / 1e9 * r["bus_factor"]
-            if bnd:
-                xs = sorted(bnd)
-                ax.plot(xs, [bnd[x] for x in xs], ":", color="black", label="bound")
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(size_fmt)
-            if any(r["busbw_gbps"] > 0 for r in mine):
-                ax.set_yscale("log")  # small and large sizes differ by orders of magnitude
-            ax.set_title(f"{c} on {a}" + (f" ({mine[0]['group_size']} ranks)" if mine else ""),
-                         fontsize=9)
-            ax.set_xlabel("size (bytes)", fontsize=8)
-            ax.set_ylabel("busbw (GB/s)", fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(True, which="both", alpha=0.3)
-            if mine:
-                ax.legend(fontsize=7)
+            _plot_panel(grid[i][j], mine, f"{c} on {a}", size_fmt)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_panel(ax, mine: list, title: str, size_fmt) -> None:
+    """One (collective, axis): a line per series, the bound dotted."""
+    multi = len({(r["dtype"], r["op"]) for r in mine}) > 1
+    for key in dict.fromkeys((series_label(r), r["dtype"], r["op"]) for r in mine):
+        _plot_series(ax, [r for r in mine if (series_label(r), r["dtype"], r["op"]) == key], key,
+                     multi)
+    bnd = {}
+    for r in mine:
+        if r.get("bound_us"):
+            bnd[r["size_bytes"]] = r["size_bytes"] / (r["bound_us"] * 1e-6) / 1e9 * r["bus_factor"]
+    if bnd:
+        xs = sorted(bnd)
+        ax.plot(xs, [bnd[x] for x in xs], ":", color="black", label="bound")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(size_fmt)
+    if any(r["busbw_gbps"] > 0 for r in mine):
+        ax.set_yscale("log")  # small and large sizes differ by orders of magnitude
+    ax.set_title(title + (f" ({mine[0]['group_size']} ranks)" if mine else ""), fontsize=9)
+    ax.set_xlabel("size (bytes)", fontsize=8)
+    ax.set_ylabel("busbw (GB/s)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    if mine:
+        ax.legend(fontsize=7)
+
+
+def _plot_series(ax, sel: list, key: tuple, multi: bool) -> None:
+    """One series (label, dtype, op): its out-of-place rows, else its in-place ones."""
+    oop = [r for r in sel if not r["in_place"]]
+    use = sorted(oop or sel, key=lambda r: r["size_bytes"])
+    label = key[0] + ("" if oop else " (in-place)")
+    if multi:
+        label += f" {key[1]}" + ("" if key[2] == "none" else f" {key[2]}")
+    style = "-o" if use and use[0]["library"] == "fourd" else "--s"
+    ax.plot([r["size_bytes"] for r in use], [r["busbw_gbps"] for r in use], style, ms=3,
+            label=label)
 
 
 # ---- text output -------------------------------------------------------------------------------
@@ -216,9 +237,22 @@ def _pct(x):
     return "-" if x is None else f"{x * 100:.0f}%"
 
 
-ALGO_SHORT = {"hierarchical": "hier"}
+ALGO_SHORT = {"hierarchical": "hier"}  # the algorithm column's width
 LEFT = "{:>11} {:>11} {:>8} {:>5} {:>11} {:>10}"
 BLOCK = " {:>10} {:>6} {:>6} {:>6} {:>5} {:>7} {:>8}"
+
+
+def _block(row, fourd_row: bool, baselines) -> str:
+    """One placement's columns of a table line (n/a where the cell was not measured)."""
+    if not isinstance(row, dict):
+        return BLOCK.format("n/a", "", "", "", "", "", "")
+    wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
+    vm = vt = ""
+    if fourd_row:
+        vm = _r(row.get("ratio_vs_mpi")) if "mpi" in baselines else ""
+        vt = _r(row.get("ratio_vs_torch")) if "torch" in baselines else ""
+    return BLOCK.format(_t(row["time_us"]), f"{row['algbw_gbps']:.2f}", f"{row['busbw_gbps']:.2f}",
+                        wrong, _pct(row["efficiency"]), vm, vt)
 
 
 class Printer:
@@ -245,8 +279,7 @@ class Printer:
 
     def table_header(self, coll, axis, info):
         p = axis.group_size
-        factor = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n",
-                  "reduce_scatter": "(n-1)/n"}.get(coll, "1")
+        factor = TABLE[coll].factor_text
         self._out("#")
         self._out(f"# {coll} on {axis.name}: groups of {p} ranks ({info['description']}), "
                   f"{info['groups']} group{'s' if info['groups'] > 1 else ''} at once; "
@@ -270,20 +303,8 @@ class Printer:
                 alg = f"auto({'|'.join(ALGO_SHORT.get(c, str(c)) for c in chs)})"
             left = LEFT.format(nbytes, count, dtype, op, alg,
                                _t(bnd["t_min_s"] * 1e6) if bnd else "n/a")
-            blocks = ""
-            for in_place in (False, True):
-                row = cells.get(in_place)
-                if not isinstance(row, dict):
-                    blocks += BLOCK.format("n/a", "", "", "", "", "", "")
-                    continue
-                wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
-                vm = vt = ""
-                if impl.library == "fourd":
-                    vm = _r(row.get("ratio_vs_mpi")) if "mpi" in baselines else ""
-                    vt = _r(row.get("ratio_vs_torch")) if "torch" in baselines else ""
-                blocks += BLOCK.format(_t(row["time_us"]), f"{row['algbw_gbps']:.2f}",
-                                       f"{row['busbw_gbps']:.2f}", wrong, _pct(row["efficiency"]),
-                                       vm, vt)
+            blocks = "".join(_block(cells.get(in_place), impl.library == "fourd", baselines)
+                             for in_place in (False, True))
             self._out(f" {left}{blocks}")
 
     def table_footer(self, coll, axis, rows):
@@ -317,29 +338,21 @@ def auto_check(rows: list) -> dict | None:
     choice alone: in how many cells the algorithm auto ran was, in its own cell, within
     AUTO_MARGIN of the fastest (a miss by time whose choice is within is the run's noise).
     Cells whose groups settled on different algorithms have no such twin: counted apart."""
-    cells = {}
-    for r in rows:
-        if r["library"] != "fourd":
-            continue
-        k = (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"], r["in_place"])
-        cells.setdefault(k, {})[r["algorithm"]] = r
-    n = by_time = by_median = split = 0
-    worst, same, chosen = None, [], 0
-    for k, algs in cells.items():
+    n = by_time = by_median = split = chosen = 0
+    worst, same = None, []
+    for k, algs in _fourd_cells(rows).items():
         auto = algs.get("auto")
         singles = {a: r for a, r in algs.items() if a != "auto"}
         if auto is None or not singles:
             continue
         n += 1
         best = min(singles.values(), key=lambda r: r["time_us"])
-        best_med = min(r["time_us_median"] for r in singles.values())
         ratio = auto["time_us"] / best["time_us"]
         by_time += ratio <= AUTO_MARGIN
-        by_median += auto["time_us_median"] / best_med <= AUTO_MARGIN
+        by_median += auto["time_us_median"] / min(r["time_us_median"] for r in singles.values()) \
+            <= AUTO_MARGIN
         if worst is None or ratio > worst["ratio"]:
-            worst = {"collective": k[0], "axis": k[1], "dtype": k[2], "op": k[3],
-                     "size_bytes": k[4], "in_place": k[5], "ratio": ratio,
-                     "auto_choice": auto["auto_choice"], "best_algorithm": best["algorithm"]}
+            worst = _worst_cell(k, ratio, auto, best)
         if len(set(auto.get("auto_choices") or [])) > 1:
             split += 1  # its groups ran different algorithms: no single cell is its twin
             continue
@@ -354,15 +367,49 @@ def auto_check(rows: list) -> dict | None:
         "margin": AUTO_MARGIN, "cells": n, "within_by_time": by_time,
         "within_by_median": by_median, "worst": worst,
         "same_algorithm_cells": len(same), "choice_within": chosen, "groups_split_cells": split,
-        "same_algorithm_diff_median": same[(len(same) - 1) // 2] if same else None,
-        "same_algorithm_diff_max": same[-1] if same else None,
+        **_spread(same),
     }
+
+
+def _fourd_cells(rows: list) -> dict:
+    """(collective, axis, dtype, op, size, in_place) -> algorithm -> fourd row."""
+    cells = {}
+    for r in rows:
+        if r["library"] == "fourd":
+            k = (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"], r["in_place"])
+            cells.setdefault(k, {})[r["algorithm"]] = r
+    return cells
+
+
+def _spread(same: list) -> dict:
+    """The median and the largest of sorted differences (None without any)."""
+    return {"same_algorithm_diff_median": same[(len(same) - 1) // 2] if same else None,
+            "same_algorithm_diff_max": same[-1] if same else None}
+
+
+def _worst_cell(k: tuple, ratio: float, auto: dict, best: dict) -> dict:
+    return {"collective": k[0], "axis": k[1], "dtype": k[2], "op": k[3], "size_bytes": k[4],
+            "in_place": k[5], "ratio": ratio, "auto_choice": auto["auto_choice"],
+            "best_algorithm": best["algorithm"]}
 
 
 def summarize(rows: list) -> dict:
     """Per (collective, axis, implementation): average busbw and efficiency, geometric-mean
     speed ratios; per (collective, axis, dtype, op, size): the fastest fourd algorithm and the
     fastest of all."""
+    fourd_rows = [r for r in rows if r["library"] == "fourd"]
+    wrong = sum(r["wrong"] or 0 for r in rows)
+    return {
+        "per_algorithm": _per_algorithm(rows),
+        "best_per_size": _best_per_size(rows),
+        "auto_check": auto_check(rows),
+        "avg_busbw_gbps": (sum(r["busbw_gbps"] for r in fourd_rows) / len(fourd_rows)) if fourd_rows else None,
+        "wrong_total": wrong,
+        "rows": len(rows),
+    }
+
+
+def _per_algorithm(rows: list) -> list:
     per = []
     keys = list(dict.fromkeys((r["collective"], r["axis"], r["library"], r["algorithm"]) for r in rows))
     for c, a, lib, alg in keys:
@@ -376,91 +423,51 @@ def summarize(rows: list) -> dict:
             "ratio_vs_mpi": geomean([r["ratio_vs_mpi"] for r in sel]) if lib == "fourd" else None,
             "ratio_vs_torch": geomean([r["ratio_vs_torch"] for r in sel]) if lib == "fourd" else None,
         })
+    return per
+
+
+def _best_per_size(rows: list) -> list:
     best = []
     for key in dict.fromkeys((r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) for r in rows):
         sel = [r for r in rows if (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) == key]
-        # each implementation at its faster placement
-        by_impl = {}
-        for r in sel:
-            k = (r["library"], r["algorithm"])
-            if k not in by_impl or r["time_us"] < by_impl[k]["time_us"]:
-                by_impl[k] = r
-        fourd = [r for r in by_impl.values() if r["library"] == "fourd" and r["algorithm"] != "auto"]
-        auto = next((r for r in by_impl.values() if r["library"] == "fourd" and r["algorithm"] == "auto"), None)
-        allr = list(by_impl.values())
-        b = min(fourd, key=lambda r: r["time_us"]) if fourd else auto
-        o = min(allr, key=lambda r: r["time_us"]) if allr else None
-        best.append({
-            "collective": key[0], "axis": key[1], "dtype": key[2], "op": key[3],
-            "size_bytes": key[4],
-            "best_algorithm": b["algorithm"] if b else None,
-            "best_time_us": b["time_us"] if b else None,
-            "auto_choice": auto.get("auto_choice") if auto else None,
-            "auto_time_us": auto["time_us"] if auto else None,
-            "fastest": series_label(o) if o else None,
-            "fastest_time_us": o["time_us"] if o else None,
-        })
-    fourd_rows = [r for r in rows if r["library"] == "fourd"]
-    wrong = sum(r["wrong"] or 0 for r in rows)
+        best.append(_best_of(key, sel))
+    return best
+
+
+def _best_of(key: tuple, sel: list) -> dict:
+    """The fastest fourd algorithm and the fastest of all, each implementation at its faster
+    placement."""
+    by_impl = {}
+    for r in sel:
+        k = (r["library"], r["algorithm"])
+        if k not in by_impl or r["time_us"] < by_impl[k]["time_us"]:
+            by_impl[k] = r
+    fourd = [r for r in by_impl.values() if r["library"] == "fourd" and r["algorithm"] != "auto"]
+    auto = next((r for r in by_impl.values() if r["library"] == "fourd" and r["algorithm"] == "auto"), None)
+    b = min(fourd, key=lambda r: r["time_us"]) if fourd else auto
+    o = min(by_impl.values(), key=lambda r: r["time_us"]) if by_impl else None
     return {
-        "per_algorithm": per,
-        "best_per_size": best,
-        "auto_check": auto_check(rows),
-        "avg_busbw_gbps": (sum(r["busbw_gbps"] for r in fourd_rows) / len(fourd_rows)) if fourd_rows else None,
-        "wrong_total": wrong,
-        "rows": len(rows),
+        "collective": key[0], "axis": key[1], "dtype": key[2], "op": key[3],
+        "size_bytes": key[4],
+        "best_algorithm": _get(b, "algorithm"),
+        "best_time_us": _get(b, "time_us"),
+        "auto_choice": _get(auto, "auto_choice"),
+        "auto_time_us": _get(auto, "time_us"),
+        "fastest": series_label(o) if o else None,
+        "fastest_time_us": _get(o, "time_us"),
     }
+
+
+def _get(row: dict | None, key: str):
+    return row.get(key) if row else None
 
 
 def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: int):
     pr.line("#", always=True)
-    pr.line("# Summary: avg busbw over sizes, out-of-place and in-place; avg eff = bound / time; "
-            "vs = geometric mean of t_baseline / t_fourd (> 1: fourd faster)", always=True)
-    pr.line(f"#   {'collective':<15}{'axis':<10}{'algorithm':<13}{'avg busbw':>10}{'avg eff':>9}"
-            f"{'vs mpi':>8}{'vs torch':>9}", always=True)
-    for s in summary["per_algorithm"]:
-        label = s["algorithm"] if s["library"] == "fourd" else s["library"]
-        eff = "-" if s["avg_efficiency"] is None else f"{s['avg_efficiency'] * 100:.0f}%"
-        pr.line(f"#   {s['collective']:<15}{s['axis']:<10}{label:<13}{s['avg_busbw_gbps']:>10.3f}"
-                f"{eff:>9}{_r(s['ratio_vs_mpi']):>8}{_r(s['ratio_vs_torch']):>9}", always=True)
-    pr.line("# Best fourd algorithm per size (fastest placement; [auto's choice]; * = a baseline "
-            "was faster):", always=True)
-    groups = list(dict.fromkeys((b["collective"], b["axis"], b["dtype"], b["op"]) for b in summary["best_per_size"]))
-    for g in groups:
-        items = []
-        for b in summary["best_per_size"]:
-            if (b["collective"], b["axis"], b["dtype"], b["op"]) != g:
-                continue
-            txt = f"{fmt_size(b['size_bytes'])}:{b['best_algorithm'] or '-'}"
-            if b["auto_choice"] and b["auto_choice"] != b["best_algorithm"]:
-                txt += f"[{b['auto_choice']}]"
-            if b["fastest"] and b["fastest"] in ("mpi", "torch"):
-                txt += "*"
-            items.append(txt)
-        op = "" if g[3] == "none" else f" {g[3]}"
-        pr.line(f"#   {g[0]} {g[1]} {g[2]}{op}: {' '.join(items)}", always=True)
-    ac = summary.get("auto_check")
-    if ac:
-        w = ac["worst"]
-        where = (f"{w['collective']} {w['axis']} {w['dtype']} {fmt_size(w['size_bytes'])} "
-                 f"{'in-place' if w['in_place'] else 'out-of-place'}: auto ran "
-                 f"{w['auto_choice']}, fastest {w['best_algorithm']}")
-        pr.line(f"# auto within {round((ac['margin'] - 1) * 100)}% of the fastest single algorithm: "
-                f"{ac['within_by_time']}/{ac['cells']} cells by time, {ac['within_by_median']}/"
-                f"{ac['cells']} by per-iteration median; worst {ac['worst']['ratio']:.2f}x "
-                f"({where})", always=True)
-        if ac["same_algorithm_cells"]:
-            pr.line(f"# run noise: auto's cell vs the cell of the algorithm it ran (same code, "
-                    f"{ac['same_algorithm_cells']} cells): median difference "
-                    f"{ac['same_algorithm_diff_median'] * 100:.0f}%, largest "
-                    f"{ac['same_algorithm_diff_max'] * 100:.0f}%", always=True)
-            pr.line(f"# auto's choice: the algorithm it ran, in its own cell, within "
-                    f"{round((ac['margin'] - 1) * 100)}% of the fastest in {ac['choice_within']}/"
-                    f"{ac['same_algorithm_cells']} cells", always=True)
-        if ac.get("groups_split_cells"):
-            pr.line(f"# auto's groups split: in {ac['groups_split_cells']} cells the groups of the "
-                    f"axis settled on different algorithms (auto(a|b) above; docs/algorithms.md)",
-                    always=True)
+    _print_per_algorithm(pr, summary["per_algorithm"])
+    _print_best(pr, summary["best_per_size"])
+    if summary.get("auto_check"):
+        _print_auto_check(pr, summary["auto_check"])
     wrong = summary["wrong_total"]
     pr.line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", always=True)
     avg = summary["avg_busbw_gbps"]
@@ -469,3 +476,58 @@ def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: in
     extra = f", {skipped_count} notes about skipped cells" if skipped_count else ""
     pr.line(f"# Collective test concluded: {summary['rows']} rows in {duration:.1f} s{extra}",
             always=True)
+
+
+def _print_per_algorithm(pr: Printer, per: list) -> None:
+    pr.line("# Summary: avg busbw over sizes, out-of-place and in-place; avg eff = bound / time; "
+            "vs = geometric mean of t_baseline / t_fourd (> 1: fourd faster)", always=True)
+    pr.line(f"#   {'collective':<15}{'axis':<10}{'algorithm':<13}{'avg busbw':>10}{'avg eff':>9}"
+            f"{'vs mpi':>8}{'vs torch':>9}", always=True)
+    for s in per:
+        label = s["algorithm"] if s["library"] == "fourd" else s["library"]
+        eff = "-" if s["avg_efficiency"] is None else f"{s['avg_efficiency'] * 100:.0f}%"
+        pr.line(f"#   {s['collective']:<15}{s['axis']:<10}{label:<13}{s['avg_busbw_gbps']:>10.3f}"
+                f"{eff:>9}{_r(s['ratio_vs_mpi']):>8}{_r(s['ratio_vs_torch']):>9}", always=True)
+
+
+def _print_best(pr: Printer, best: list) -> None:
+    pr.line("# Best fourd algorithm per size (fastest placement; [auto's choice]; * = a baseline "
+            "was faster):", always=True)
+    groups = list(dict.fromkeys((b["collective"], b["axis"], b["dtype"], b["op"]) for b in best))
+    for g in groups:
+        items = [_best_item(b) for b in best
+                 if (b["collective"], b["axis"], b["dtype"], b["op"]) == g]
+        op = "" if g[3] == "none" else f" {g[3]}"
+        pr.line(f"#   {g[0]} {g[1]} {g[2]}{op}: {' '.join(items)}", always=True)
+
+
+def _best_item(b: dict) -> str:
+    txt = f"{fmt_size(b['size_bytes'])}:{b['best_algorithm'] or '-'}"
+    if b["auto_choice"] and b["auto_choice"] != b["best_algorithm"]:
+        txt += f"[{b['auto_choice']}]"
+    if b["fastest"] and b["fastest"] in ("mpi", "torch"):
+        txt += "*"
+    return txt
+
+
+def _print_auto_check(pr: Printer, ac: dict) -> None:
+    w = ac["worst"]
+    where = (f"{w['collective']} {w['axis']} {w['dtype']} {fmt_size(w['size_bytes'])} "
+             f"{'in-place' if w['in_place'] else 'out-of-place'}: auto ran "
+             f"{w['auto_choice']}, fastest {w['best_algorithm']}")
+    pr.line(f"# auto within {round((ac['margin'] - 1) * 100)}% of the fastest single algorithm: "
+            f"{ac['within_by_time']}/{ac['cells']} cells by time, {ac['within_by_median']}/"
+            f"{ac['cells']} by per-iteration median; worst {ac['worst']['ratio']:.2f}x "
+            f"({where})", always=True)
+    if ac["same_algorithm_cells"]:
+        pr.line(f"# run noise: auto's cell vs the cell of the algorithm it ran (same code, "
+                f"{ac['same_algorithm_cells']} cells): median difference "
+                f"{ac['same_algorithm_diff_median'] * 100:.0f}%, largest "
+                f"{ac['same_algorithm_diff_max'] * 100:.0f}%", always=True)
+        pr.line(f"# auto's choice: the algorithm it ran, in its own cell, within "
+                f"{round((ac['margin'] - 1) * 100)}% of the fastest in {ac['choice_within']}/"
+                f"{ac['same_algorithm_cells']} cells", always=True)
+    if ac.get("groups_split_cells"):
+        pr.line(f"# auto's groups split: in {ac['groups_split_cells']} cells the groups of the "
+                f"axis settled on different algorithms (auto(a|b) above; docs/algorithms.md)",
+                always=True)
