@@ -56,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.calibrate:
-        from .calibrate import calibrate
+        from ..profile.policy import calibrate
 
         from mpi4py import MPI
 
