@@ -1,5 +1,5 @@
-"""The profile package (fourd.profile): the fits and the profile files. Serial; no mpiexec
-(the measuring half runs in mpi/par_profile.py)."""
+"""The profile package (fourd.profile): the fits, the profile files and the policy at init.
+Serial; no mpiexec (the measuring half runs in mpi/par_profile.py)."""
 
 import json
 
@@ -7,8 +7,8 @@ import pytest
 
 import fourd
 from fourd.profile import measure as measuring
-from fourd.profile import store
-from fourd.profile.fields import Profile, to_native
+from fourd.profile import policy, store
+from fourd.profile.fields import FIELDS, Profile, to_native
 from fourd.profile.fit import fit_cache, fit_profile, spanning_sizes
 
 C = fourd._C
@@ -225,3 +225,68 @@ def test_measured_corrections_bind_scale_predictions_and_round_trip(tmp_path):
     with pytest.raises(ValueError, match=r"corrections\[0\]\.factor"):
         C.predict("all_reduce", "ring", n, "float32", shape, bad)
 
+
+# ---- the fields, the files and the policy at init -----------------------------------------------
+
+
+def test_the_planner_profile_is_made_from_the_native_fields_and_defaults(tmp_path):
+    names = [f for f in Profile.__dataclass_fields__ if f != "notes"]
+    assert tuple(names) == FIELDS == tuple(C.MachineProfile.FIELDS)
+    assert Profile().native().to_dict() == C.MachineProfile().to_dict()
+    assert all(getattr(Profile(), f) == v for f, v in C.MachineProfile().to_dict().items())
+    # A calibration file (measured corrections and all) loads as a planner profile too.
+    point = {**_point("ring", 1 << 20, 2.0), "measured_s": 1e-3}
+    path = tmp_path / "cache.json"
+    store.save({"name": "cal", "ranks_per_node": 2, "corrections": [point]}, str(path))
+    prof = store.load_profile(str(path))
+    assert prof.ranks_per_node == 2 and prof.corrections == [point]
+    assert prof.native().corrections == [_point("ring", 1 << 20, 2.0)]
+    # Planner files hold no corrections while there are none, as before.
+    assert "corrections" not in Profile().to_dict()
+    with pytest.raises(ValueError, match="unknown fields"):
+        Profile.from_dict({"name": "x", "bogus": 1})
+
+
+class _OneNodeGrid:
+    """What the policy reads of a grid before it measures: two ranks on one node."""
+
+    world_size, num_nodes, virtual_topology = 2, 1, False
+
+    def node_of(self, rank):
+        return 0
+
+
+def test_policy_reads_the_cache_and_measures_again_when_it_is_unusable(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("FOURD_PROFILE", raising=False)
+    monkeypatch.delenv("FOURD_CALIBRATE", raising=False)
+    monkeypatch.setattr(policy, "_memo", {})
+    grid = _OneNodeGrid()
+    path = store.cache_path(grid)
+    assert path.startswith(str(tmp_path / "fourd" / "profile-")) and path.endswith("-2-1n.json")
+    assert policy._decide(grid) == ("measure", None, path)  # no cache yet
+    (tmp_path / "fourd").mkdir()
+    for text in ("{not json", json.dumps({"fourd_calibration": {"version": store.VERSION - 1},
+                                          "profile": {"intra_bw": 1e9}})):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)  # corrupt, then written by another calibration version
+        assert policy._decide(grid) == ("measure", None, path)
+    store.save({"intra_bw": 2e9}, path)
+    assert policy._decide(grid) == ("profile", {"intra_bw": 2e9}, path)
+    monkeypatch.setenv("FOURD_CALIBRATE", "force")
+    assert policy._decide(grid) == ("measure", None, path)
+    monkeypatch.setenv("FOURD_CALIBRATE", "0")
+    assert policy._decide(grid) == ("defaults", None, "FOURD_CALIBRATE=0")
+
+
+def test_policy_names_an_unreadable_profile_file(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    monkeypatch.setenv("FOURD_PROFILE", str(bad))
+    kind, message, _ = policy._decide(None)
+    assert kind == "error" and "bad.json" in message and "holds no profile fields" in message
+    monkeypatch.setenv("FOURD_PROFILE", str(tmp_path / "missing.json"))
+    kind, message, _ = policy._decide(None)
+    assert kind == "error" and "cannot read profile file" in message
+    with pytest.raises(fourd.InvalidArgumentError, match="another calibration version"):
+        store.load(str(bad), version=store.VERSION)

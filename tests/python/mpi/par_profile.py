@@ -1,19 +1,60 @@
-"""Multi-rank tests of the profile package (fourd.profile): `auto` follows measured
-corrections; the axes the calibration measures, the calls it times and the points it measures
-across nodes.
+"""Multi-rank tests of the profile package (fourd.profile): the policy at init measures,
+caches and reloads one profile on every rank; `auto` follows measured corrections; the axes
+the calibration measures, the calls it times and the points it measures across nodes.
 
 The closed-form oracles are those of par_algorithms.py.
 """
+
+import shutil
+import tempfile
 
 import numpy as np
 from mpi4py import MPI
 from par_algorithms import check, make, oracle, values
 
 import fourd
+from fourd.profile import policy, store
 
 WORLD = MPI.COMM_WORLD
 N = WORLD.Get_size()
 ME = WORLD.Get_rank()
+
+
+def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch):
+    """A fresh measurement on one node (FOURD_CALIBRATE=force, a cache of this test's own),
+    identical on every rank, saved, then read back from the cache as the same profile."""
+    if N == 1:
+        return
+    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="fourd-par-profile-") if ME == 0 else None)
+    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
+    monkeypatch.delenv("FOURD_PROFILE", raising=False)
+    monkeypatch.setenv("FOURD_CALIBRATE", "0")
+    monkeypatch.setattr(policy, "_memo", {})
+    try:
+        g = fourd.init(x=N, ranks_per_node=N)
+        defaults = g.profile
+        monkeypatch.setenv("FOURD_CALIBRATE", "force")
+        first = policy.apply(g)
+        path = store.cache_path(g)
+        assert first["source"] == f"measured, saved to {path}", first["source"]
+        mine = g.profile.to_dict()
+        assert first["profile"] == mine
+        assert all(d == mine for d in WORLD.allgather(mine)) and mine != defaults.to_dict()
+        assert mine["ranks_per_node"] == N and mine["name"].startswith("calibrated:")
+        assert mine["corrections"] and all(
+            (c["group_size"], c["nodes"]) == (N, 1) for c in mine["corrections"])
+        WORLD.Barrier()  # rank 0 has written the file
+        assert store.load(path, version=store.VERSION)["intra_bw"] == mine["intra_bw"]
+        monkeypatch.setenv("FOURD_CALIBRATE", "")
+        monkeypatch.setattr(policy, "_memo", {})  # read the file, not rank 0's memo
+        g.set_profile(defaults)
+        again = policy.apply(g)
+        assert again["source"] == path and again["profile"] == mine
+        fourd.finalize()
+    finally:
+        WORLD.Barrier()
+        if ME == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_auto_follows_measured_corrections_per_placement_at_once():
