@@ -429,7 +429,7 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
             t = make(np.int32, values(ME, count, 50 + i))
             fourd.all_reduce(t, axis, algorithm="auto")
             check(t, oracle("sum", g.ranks(axis), count, 50 + i), "sum", np.int32, f"{axis} settled")
-        g._native.set_profile(saved)
+        g.set_profile(saved)
         # A new profile prices the shortlists anew.
         assert g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]["state"] == \
             "not yet run"
@@ -468,7 +468,7 @@ def test_auto_tuning_with_operations_in_flight_on_several_axes():
         tu = g.explain("all_reduce", nbytes, axis, "float64", True)["tuning"]
         assert tu["state"] in ("exploring", "provisional", "settled"), (axis, tu)
         assert _agreed_by_my_group(g, axis, (tu["state"], tu["settled"], tu["measured_s"])), tu
-    g._native.set_profile(saved)
+    g.set_profile(saved)
     fourd.finalize()
 
 
