@@ -184,9 +184,8 @@ def still_measured(active: list, timed: list, prune: float = _PRUNE) -> list:
     (its best placement); those predicted more than `prune` times the best prediction are
     dropped. An algorithm the model cannot price at both sizes is always kept. The prediction,
     not the time just measured, decides: the algorithms' ranks change as buffers leave the
-    caches (4 ranks of the 2-core VM, bfloat16 in place: shm read 1.26x rhd at 4 MiB, was
-    dropped there by the former rule and priced by that factor, while at 16 and 64 MiB it ran
-    0.75x and 0.67x rhd's time)."""
+    caches (4 ranks of the 2-core VM, bfloat16 in place: shm read 1.26x rhd's time at 4 MiB,
+    and ran 0.75x and 0.67x rhd's time at 16 and 64 MiB)."""
     ahead, keep = {}, set()
     for alg, measured, model, later in timed:
         guess = measured / model * later if model > 0 and np.isfinite(model) else np.nan

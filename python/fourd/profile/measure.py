@@ -117,8 +117,8 @@ _CORRECTION_ROUNDS_LARGE = 3
 _CORRECTION_WARM_LARGE = 3
 _BATCH_S = 2e-3  # a timed batch of calls lasts at least this long (barrier skew amortised)
 # fourd's own algorithms are priced this much slower than measured, so that `auto` leaves the
-# MPI library only for a gain beyond the noise (the cache tier of the model now carries what a
-# larger margin used to: times that grow faster than linearly once buffers leave the caches).
+# MPI library only for a gain beyond the noise (times that grow faster than linearly once
+# buffers leave the caches are the model's cache tier to price, not the margin's).
 _MARGIN = 1.05
 _BF16_ONE = 0x3F80  # 1.0 in bfloat16 (the upper half of float32's 0x3F800000)
 # numpy's view of each dtype timed, and the value 1 in it (bfloat16 as uint16 bits)
