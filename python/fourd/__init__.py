@@ -28,7 +28,7 @@ from . import grid as _grid
 
 _C.set_error_classes(_NATIVE_CLASSES)
 
-from .calibration import apply as _apply_profile  # noqa: E402
+from .profile.policy import apply as _apply_profile, calibrate  # noqa: E402
 
 _grid._init_hooks.append(_apply_profile)
 
@@ -86,14 +86,6 @@ def barrier(axis="world", *, grid=None, timeout=None):
 def explain(collective, nbytes, axis="world", *, grid=None, dtype="float32", in_place=False):
     """The algorithms `auto` considers for this call, their predicted times, and its choice."""
     return _g(grid).explain(collective, nbytes, axis, dtype, in_place)
-
-
-def calibrate(*args, **kwargs):
-    """Measure a machine profile with fourd's own collectives and save it (see
-    ``python -m fourd.plan --calibrate``). Collective: call on every rank."""
-    from .plan import calibrate as _calibrate
-
-    return _calibrate(*args, **kwargs)
 
 
 def build_info() -> dict:

@@ -15,3 +15,10 @@ def test_collectives(n):
 def test_algorithms(n):
     """Every algorithm (flat, ring, rhd, hierarchical, shm, auto) against closed forms."""
     run_mpi_pytest(n, ["par_algorithms.py"], timeout=600)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_profile(n):
+    """The machine profile: measured at init, cached, reloaded; measured corrections; the
+    calibration's axes and timed calls."""
+    run_mpi_pytest(n, ["par_profile.py"], timeout=600)

@@ -10,17 +10,10 @@ Collective times come from the C++ cost model (fourd._C), the one the ``auto`` a
 See docs/planner.md.
 """
 
+from ..profile.policy import calibrate  # fourd.calibrate, the one calibration
 from .model import PRESETS, TransformerSpec, get_model
 from .profiles import Profile, builtin_names, get_profile, load_profile, save_profile
 from .search import Plan, SearchResult, explain, format_table, search
-
-
-def calibrate(*args, **kwargs):
-    """Measure a machine profile with fourd's own collectives (see fourd.plan.calibrate)."""
-    from .calibrate import calibrate as _calibrate
-
-    return _calibrate(*args, **kwargs)
-
 
 __all__ = [
     "PRESETS",

@@ -65,7 +65,7 @@ def _calibrate(args) -> int:
     """--calibrate: measure this machine's profile (collective over MPI.COMM_WORLD)."""
     from mpi4py import MPI
 
-    from .calibrate import calibrate
+    from ..profile.policy import calibrate
 
     try:
         prof = calibrate(ranks_per_node=args.ranks_per_node, out=args.out)

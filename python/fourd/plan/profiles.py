@@ -1,78 +1,22 @@
-"""Machine profiles: the costs of one machine, for the collective model and the planner.
+"""Built-in machine profiles for the planner, and where a profile comes from.
 
-A :class:`Profile` holds the figures of :cpp:`fourd::MachineProfile` in SI units (seconds,
-bytes per second, FLOP/s, bytes). Built-in profiles derive them from public specifications
-times an achievable fraction; docs/planner.md cites every figure. ``fourd.plan.calibrate``
-measures a profile on the running machine and saves it as JSON; ``load_profile`` reads it back.
+A :class:`~fourd.profile.fields.Profile` holds the figures of :cpp:`fourd::MachineProfile` in
+SI units (seconds, bytes per second, FLOP/s, bytes); its fields and defaults are the native
+ones. Built-in profiles derive them from public specifications times an achievable fraction;
+docs/planner.md cites every figure. ``fourd.calibrate()`` measures a profile on the running
+machine and saves it as JSON; ``load_profile`` reads it back (both from fourd.profile).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from dataclasses import dataclass, field
+
+from ..profile.fields import Profile
+from ..profile.store import load_profile, save_profile
+
+__all__ = ["BUILTIN", "Profile", "builtin_names", "get_profile", "load_profile", "save_profile"]
 
 GB = 1e9
-
-
-@dataclass
-class Profile:
-    """Costs of one machine. Bandwidths are achievable (not peak) figures."""
-
-    name: str = "default"
-    ranks_per_node: int = 1
-    intra_alpha: float = 1e-6  # s, one intra-node message
-    intra_bw: float = 10e9  # B/s per rank inside a node
-    inter_alpha: float = 5e-6  # s, one inter-node message
-    nic_bw: float = 12.5e9  # B/s of one NIC
-    nics_per_node: int = 1
-    reduce_bw: float = 5e9  # B/s of float32 input reduced by one rank
-    memcpy_bw: float = 10e9  # B/s copied locally by one rank
-    flat_efficiency: float = 1.0  # the library's own collective relative to the ring model
-    compute_flops: float = 1e12  # achievable dense matmul FLOP/s per rank (16-bit)
-    memory_bytes: float = 80e9  # memory per rank
-    intra_mesh: bool = False  # direct links inside a node (no switch)
-    hierarchical_chunks: int = 1
-    shm_bw: float = 0.0  # B/s into/out of a node's shared-memory window; 0 = memcpy_bw
-    reduce_bw_16: float = 0.0  # B/s of float16/bfloat16 input reduced; 0 = reduce_bw / 2
-    shm_reduce_bw_16: float = 0.0  # the same by shm's k-input kernel; 0 = reduce_bw_16
-    flat_efficiency_16: float = 0.0  # flat_efficiency of 16-bit reductions; 0 = flat_efficiency
-    cache_bytes: float = 0.0  # last-level cache shared by a node's ranks; 0 = no cache tier
-    cache_bw_gain: float = 1.0  # cache-resident / streaming bandwidth of memory-bound terms
-    notes: dict = field(default_factory=dict)  # field -> where the figure comes from
-
-    _NATIVE_FIELDS = (
-        "name", "ranks_per_node", "intra_alpha", "intra_bw", "inter_alpha", "nic_bw",
-        "nics_per_node", "reduce_bw", "memcpy_bw", "flat_efficiency", "compute_flops",
-        "memory_bytes", "intra_mesh", "hierarchical_chunks", "shm_bw", "reduce_bw_16",
-        "shm_reduce_bw_16", "flat_efficiency_16", "cache_bytes", "cache_bw_gain",
-    )
-
-    def node_injection_bw(self) -> float:
-        return self.nic_bw * self.nics_per_node
-
-    def native(self):
-        """The profile as a ``fourd._C.MachineProfile`` (what the C++ model takes)."""
-        from .model import native_module
-
-        c = native_module()
-        return c.MachineProfile(**{k: getattr(self, k) for k in self._NATIVE_FIELDS})
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Profile":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"profile: unknown fields {unknown}; expected some of {sorted(known)}")
-        return cls(**d)
-
-    def replace(self, **changes) -> "Profile":
-        return dataclasses.replace(self, **changes)
 
 
 def _perlmutter() -> Profile:
@@ -221,21 +165,6 @@ BUILTIN = {
 
 def builtin_names() -> list:
     return sorted(BUILTIN)
-
-
-def load_profile(path: str) -> Profile:
-    """Reads a profile saved by :func:`save_profile` (or by calibrate)."""
-    with open(path, encoding="utf-8") as f:
-        d = json.load(f)
-    if "profile" in d and isinstance(d["profile"], dict):
-        d = d["profile"]
-    return Profile.from_dict(d)
-
-
-def save_profile(profile: Profile, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(profile.to_dict(), f, indent=2, sort_keys=True)
-        f.write("\n")
 
 
 def get_profile(machine) -> Profile:

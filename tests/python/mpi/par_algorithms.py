@@ -260,96 +260,6 @@ def test_auto_always_picks_a_supported_algorithm():
         fourd.finalize()
 
 
-def test_auto_follows_measured_corrections_per_placement_at_once():
-    from fourd import calibration
-
-    g = fourd.init(x=N, ranks_per_node=N)  # one node: flat, ring, rhd and shm compete
-    if N == 1:
-        fourd.finalize()
-        return
-    n = 1 << 20
-    saved = g._native.profile
-    g._native.set_profile(calibration.to_native({"corrections": []}, saved))
-    plain_out = g.explain("all_reduce", n, "x")["choice"]  # the model alone
-    for winner in ("ring", "rhd"):
-        # Every other algorithm measured 100x slower in place than the model says.
-        corr = [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
-                 "half16": False, "in_place": True, "nbytes": float(n), "factor": 100.0}
-                for a in ("flat", "ring", "rhd", "shm") if a != winner]
-        # Out of place: points of its own, all exact (without them the in-place ones apply).
-        corr += [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
-                  "half16": False, "in_place": False, "nbytes": float(n), "factor": 1.0}
-                 for a in ("flat", "ring", "rhd", "shm")]
-        g._native.set_profile(calibration.to_native({"corrections": corr}, saved))
-        e = g.explain("all_reduce", n, "x", in_place=True)
-        assert e["choice"] == winner and e["in_place"], e
-        assert g.algorithm_for("all_reduce", n, "x", in_place=True) == winner
-        rows = {r["algorithm"]: r for r in e["candidates"]}
-        assert rows[winner]["correction"] == 1.0 and all(
-            rows[a]["correction"] == 100.0 for a in ("flat", "ring", "rhd", "shm") if a != winner)
-        # Out of place, exact points: the model's choice.
-        assert g.explain("all_reduce", n, "x")["choice"] == plain_out
-        # auto runs (the per-communicator memo follows the new profile) and is exact.
-        t = make(np.int32, values(ME, n // 4))
-        fourd.all_reduce(t, "x", algorithm="auto")
-        check(t, oracle("sum", g.ranks("x"), n // 4), "sum", np.int32, f"auto ({winner})")
-    g._native.set_profile(saved)
-    fourd.finalize()
-
-
-def test_calibration_axes_raw_calls_and_spanning_points():
-    """The calibration's three axes (one node, rails, both levels), the raw calls it times
-    (exact, both placements), and points measured across nodes carrying the group's shape."""
-    from fourd import calibration as cal
-
-    if N % 2:
-        return
-    g = fourd.init(x=2, data=N // 2, ranks_per_node=2)
-    assert cal._one_node_axis(g) == ("x",)
-    if N >= 4:
-        assert cal._rail_axis(g) == ("data",) and cal._mixed_axis(g) == ("x", "data")
-    else:
-        assert cal._rail_axis(g) is None and cal._mixed_axis(g) is None
-    # The same order on every rank (a set's order of strings differs between processes).
-    for axis in dict.fromkeys((("x",), cal._rail_axis(g) or ("x",), cal._mixed_axis(g) or ("x",))):
-        p, r, ranks = g.size(axis), g.rank(axis), g.ranks(axis)
-        count = 5 * p
-        mine = values(ME, count).astype(np.float32)
-        for coll, in_place in (("all_reduce", False), ("all_reduce", True),
-                               ("all_gather", False), ("all_gather", True),
-                               ("reduce_scatter", False)):
-            for algo in ("flat", "ring", "rhd") + (("hierarchical",) if len(axis) == 2 else ()):
-                a_in, a_out = np.zeros(count * 4, np.uint8), np.zeros(count * 4, np.uint8)
-                src, out = a_in.view(np.float32), a_out.view(np.float32)
-                src[:] = mine
-                if coll == "all_gather" and in_place:
-                    out[r * 5:(r + 1) * 5] = mine[:5]
-                cal._raw_call(g, axis, coll, algo, a_in, a_out, count, np.float32, "float32",
-                              in_place)()
-                what = f"raw {coll} {algo} {axis} in_place={in_place}"
-                if coll == "all_reduce":
-                    check(src if in_place else out, oracle("sum", ranks, count), "sum",
-                          np.float32, what)
-                elif coll == "all_gather":
-                    want = np.concatenate([values(q, count)[:5] for q in ranks])
-                    np.testing.assert_array_equal(out, want.astype(np.float32), what)
-                else:
-                    check(out[:5], oracle("sum", ranks, count)[r * 5:(r + 1) * 5], "sum",
-                          np.float32, what)
-    if N >= 4:
-        plan = (("all_gather", ("float32",), (False,)),)
-        for axis, nodes in ((cal._rail_axis(g), N // 2), (cal._mixed_axis(g), N // 2)):
-            pts = cal.measure_corrections(g, axis, 1.0, plan, (64 << 10,))
-            algs = {c["algorithm"] for c in g.explain("all_gather", 64 << 10, axis)["candidates"]
-                    if c["supported"]}
-            assert {x["algorithm"] for x in pts} == algs, (pts, algs)
-            for x in pts:
-                assert x["collective"] == "all_gather" and x["nodes"] == nodes
-                assert x["group_size"] == g.size(axis) and not x["half16"]
-                assert 0.1 <= x["factor"] <= 10.0 and x["measured_s"] > 0
-    fourd.finalize()
-
-
 def test_unsupported_algorithms_raise_with_the_reason():
     g = fourd.init(x=N)
     # One node (no virtual split): hierarchical has no inter-node level.
@@ -453,10 +363,8 @@ def _tied_profile(g, calls):
     `calls`, every supported algorithm is predicted alike for that all_reduce (measured
     corrections of the model), so that tuning has rivals to try. Returns the profile to
     restore."""
-    from fourd import calibration
-
-    saved = g._native.profile
-    g._native.set_profile(calibration.to_native({"corrections": []}, saved))
+    saved = g.profile
+    g.set_profile({"corrections": []})
     corr = []
     for axis, nbytes, in_place, dtype in calls:
         rows = [r for r in g.explain("all_reduce", nbytes, axis, dtype, in_place)["candidates"]
@@ -466,7 +374,7 @@ def _tied_profile(g, calls):
                   "group_size": g.size(axis), "nodes": g.topology(axis)["num_nodes"],
                   "half16": False, "in_place": in_place, "nbytes": float(nbytes),
                   "factor": best / r["predicted_s"]} for r in rows]
-    g._native.set_profile(calibration.to_native({"corrections": corr}, saved))
+    g.set_profile({"corrections": corr})
     return saved
 
 
@@ -521,7 +429,7 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
             t = make(np.int32, values(ME, count, 50 + i))
             fourd.all_reduce(t, axis, algorithm="auto")
             check(t, oracle("sum", g.ranks(axis), count, 50 + i), "sum", np.int32, f"{axis} settled")
-        g._native.set_profile(saved)
+        g.set_profile(saved)
         # A new profile prices the shortlists anew.
         assert g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]["state"] == \
             "not yet run"
@@ -560,7 +468,7 @@ def test_auto_tuning_with_operations_in_flight_on_several_axes():
         tu = g.explain("all_reduce", nbytes, axis, "float64", True)["tuning"]
         assert tu["state"] in ("exploring", "provisional", "settled"), (axis, tu)
         assert _agreed_by_my_group(g, axis, (tu["state"], tu["settled"], tu["measured_s"])), tu
-    g._native.set_profile(saved)
+    g.set_profile(saved)
     fourd.finalize()
 
 

@@ -1,0 +1,155 @@
+"""Multi-rank tests of the profile package (fourd.profile): the policy at init measures,
+caches and reloads one profile on every rank; `auto` follows measured corrections; the axes
+the calibration measures, the calls it times and the points it measures across nodes.
+
+The closed-form oracles are those of par_algorithms.py.
+"""
+
+import shutil
+import tempfile
+
+import numpy as np
+from mpi4py import MPI
+from par_algorithms import check, make, oracle, values
+
+import fourd
+from fourd.profile import policy, store
+
+WORLD = MPI.COMM_WORLD
+N = WORLD.Get_size()
+ME = WORLD.Get_rank()
+
+
+def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch):
+    """A fresh measurement on one node (FOURD_CALIBRATE=force, a cache of this test's own),
+    identical on every rank, saved, then read back from the cache as the same profile."""
+    if N == 1:
+        return
+    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="fourd-par-profile-") if ME == 0 else None)
+    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
+    monkeypatch.delenv("FOURD_PROFILE", raising=False)
+    monkeypatch.setenv("FOURD_CALIBRATE", "0")
+    monkeypatch.setattr(policy, "_memo", {})
+    try:
+        g = fourd.init(x=N, ranks_per_node=N)
+        defaults = g.profile
+        monkeypatch.setenv("FOURD_CALIBRATE", "force")
+        first = policy.apply(g)
+        path = store.cache_path(g)
+        assert first["source"] == f"measured, saved to {path}", first["source"]
+        mine = g.profile.to_dict()
+        assert first["profile"] == mine
+        assert all(d == mine for d in WORLD.allgather(mine)) and mine != defaults.to_dict()
+        assert mine["ranks_per_node"] == N and mine["name"].startswith("calibrated:")
+        assert mine["corrections"] and all(
+            (c["group_size"], c["nodes"]) == (N, 1) for c in mine["corrections"])
+        WORLD.Barrier()  # rank 0 has written the file
+        assert store.load(path, version=store.VERSION)["intra_bw"] == mine["intra_bw"]
+        monkeypatch.setenv("FOURD_CALIBRATE", "")
+        monkeypatch.setattr(policy, "_memo", {})  # read the file, not rank 0's memo
+        g.set_profile(defaults)
+        again = policy.apply(g)
+        assert again["source"] == path and again["profile"] == mine
+        fourd.finalize()
+    finally:
+        WORLD.Barrier()
+        if ME == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_auto_follows_measured_corrections_per_placement_at_once():
+    g = fourd.init(x=N, ranks_per_node=N)  # one node: flat, ring, rhd and shm compete
+    if N == 1:
+        fourd.finalize()
+        return
+    n = 1 << 20
+    saved = g.profile
+    g.set_profile({"corrections": []})
+    plain_out = g.explain("all_reduce", n, "x")["choice"]  # the model alone
+    for winner in ("ring", "rhd"):
+        # Every other algorithm measured 100x slower in place than the model says.
+        corr = [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
+                 "half16": False, "in_place": True, "nbytes": float(n), "factor": 100.0}
+                for a in ("flat", "ring", "rhd", "shm") if a != winner]
+        # Out of place: points of its own, all exact (without them the in-place ones apply).
+        corr += [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
+                  "half16": False, "in_place": False, "nbytes": float(n), "factor": 1.0}
+                 for a in ("flat", "ring", "rhd", "shm")]
+        g.set_profile({"corrections": corr})
+        e = g.explain("all_reduce", n, "x", in_place=True)
+        assert e["choice"] == winner and e["in_place"], e
+        assert g.algorithm_for("all_reduce", n, "x", in_place=True) == winner
+        rows = {r["algorithm"]: r for r in e["candidates"]}
+        assert rows[winner]["correction"] == 1.0 and all(
+            rows[a]["correction"] == 100.0 for a in ("flat", "ring", "rhd", "shm") if a != winner)
+        # Out of place, exact points: the model's choice.
+        assert g.explain("all_reduce", n, "x")["choice"] == plain_out
+        # auto runs (the per-communicator memo follows the new profile) and is exact.
+        t = make(np.int32, values(ME, n // 4))
+        fourd.all_reduce(t, "x", algorithm="auto")
+        check(t, oracle("sum", g.ranks("x"), n // 4), "sum", np.int32, f"auto ({winner})")
+    g.set_profile(saved)
+    fourd.finalize()
+
+
+def test_calibration_axes_raw_calls_and_spanning_points():
+    """The calibration's three axes (one node, rails, both levels), the raw calls it times
+    (exact, both placements), and points measured across nodes carrying the group's shape."""
+    from fourd.profile import measure as cal
+
+    if N % 2:
+        return
+    g = fourd.init(x=2, data=N // 2, ranks_per_node=2)
+    assert cal._one_node_axis(g) == ("x",)
+    if N >= 4:
+        assert cal._rail_axis(g) == ("data",) and cal._mixed_axis(g) == ("x", "data")
+    else:
+        assert cal._rail_axis(g) is None and cal._mixed_axis(g) is None
+    # The same order on every rank (a set's order of strings differs between processes).
+    for axis in dict.fromkeys((("x",), cal._rail_axis(g) or ("x",), cal._mixed_axis(g) or ("x",))):
+        _check_raw_calls(cal, g, axis)
+    if N >= 4:
+        _check_spanning_points(cal, g)
+    fourd.finalize()
+
+
+def _check_raw_calls(cal, g, axis):
+    """Every call the calibration times on `axis`, against the closed forms."""
+    p, r, ranks = g.size(axis), g.rank(axis), g.ranks(axis)
+    count = 5 * p
+    mine = values(ME, count).astype(np.float32)
+    for coll, in_place in (("all_reduce", False), ("all_reduce", True),
+                           ("all_gather", False), ("all_gather", True),
+                           ("reduce_scatter", False)):
+        for algo in ("flat", "ring", "rhd") + (("hierarchical",) if len(axis) == 2 else ()):
+            a_in, a_out = np.zeros(count * 4, np.uint8), np.zeros(count * 4, np.uint8)
+            src, out = a_in.view(np.float32), a_out.view(np.float32)
+            src[:] = mine
+            if coll == "all_gather" and in_place:
+                out[r * 5:(r + 1) * 5] = mine[:5]
+            cal._raw_call(g, axis, coll, algo, a_in, a_out, count, np.float32, "float32",
+                          in_place)()
+            what = f"raw {coll} {algo} {axis} in_place={in_place}"
+            if coll == "all_reduce":
+                check(src if in_place else out, oracle("sum", ranks, count), "sum",
+                      np.float32, what)
+            elif coll == "all_gather":
+                want = np.concatenate([values(q, count)[:5] for q in ranks])
+                np.testing.assert_array_equal(out, want.astype(np.float32), what)
+            else:
+                check(out[:5], oracle("sum", ranks, count)[r * 5:(r + 1) * 5], "sum",
+                      np.float32, what)
+
+
+def _check_spanning_points(cal, g):
+    """Points measured on the rails and on the two-level axis carry the group's shape."""
+    plan = (("all_gather", ("float32",), (False,)),)
+    for axis, nodes in ((cal._rail_axis(g), N // 2), (cal._mixed_axis(g), N // 2)):
+        pts = cal.measure_corrections(g, axis, 1.0, plan, (64 << 10,))
+        algs = {c["algorithm"] for c in g.explain("all_gather", 64 << 10, axis)["candidates"]
+                if c["supported"]}
+        assert {x["algorithm"] for x in pts} == algs, (pts, algs)
+        for x in pts:
+            assert x["collective"] == "all_gather" and x["nodes"] == nodes
+            assert x["group_size"] == g.size(axis) and not x["half16"]
+            assert 0.1 <= x["factor"] <= 10.0 and x["measured_s"] > 0
