@@ -16,13 +16,12 @@ run() {  # name, then the command
   "$@" 2>&1 | tee "$OUT/$name.txt"
 }
 
-# Every comparison between implementations measures each row in 3 rounds, the cells in an
-# order rotated from round to round, and reports each cell's median round (-R 3); the runs of
-# the issue's criteria (one node, and the all_reduce runs of the clusters) in 11 (-R 11): with
-# 5, two cells running the same code (auto's and the algorithm it ran) still differed by up to
-# 12-14% on this shared 2-core machine, where rounds of the same cell spread by 10-20%; with 11
-# they differed by at most 3% in a trial (2 ranks, float32, 1-64 MiB), by 4-9% in the recorded
-# runs. Longer rounds did not help (0.2 s per cell and round, 5 rounds: up to 12%).
+# Every comparison between implementations measures each row in 3 rounds (-R 3): the cells in
+# an order rotated from round to round, each cell its median round. The criterion runs (one
+# node, and the clusters' all_reduce runs) take 11 (-R 11): on this shared 2-core machine the
+# rounds of one cell spread by 10-20%, and two cells running the same code (auto's and the
+# algorithm it ran) differed by up to 12-14% with 5 rounds, by up to 9% with 11; longer rounds
+# do not narrow it (docs/benchmark.md, "Rounds").
 
 # One node: all_reduce float32 and bfloat16, 1 MiB - 64 MiB, every algorithm, both baselines;
 # adaptive timing (about 50 ms of calls per cell: 3 at 64 MiB, hundreds at 1 MiB).

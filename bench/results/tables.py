@@ -39,9 +39,35 @@ def cells(doc: dict) -> dict:
     return out
 
 
+def _hier_columns(c: dict, auto: dict) -> list[str]:
+    """hier vs flat, hier vs ring, the row's bound, and the efficiencies of hier and flat."""
+    h = c.get("hierarchical")
+    out = []
+    for other in ("flat", "ring"):
+        o = c.get(other)
+        out.append(_ratio(o["time_us"] / h["time_us"]) if h and o else "n/a")
+    f = c.get("flat")
+    out.append(f"{auto['bound_us']:.0f}" if auto.get("bound_us") else "n/a")
+    out.append(
+        f"{h['efficiency']:.0%} / {f['efficiency']:.0%}"
+        if h and f and h.get("efficiency") and f.get("efficiency")
+        else "n/a"
+    )
+    return out
+
+
 def result_table(doc: dict, hier: bool) -> str:
-    head = ["collective", "dtype", "size", "placement", "auto (us)", "best single algorithm (us)",
-            "auto vs MPI", "auto vs gloo", "auto / best"]
+    head = [
+        "collective",
+        "dtype",
+        "size",
+        "placement",
+        "auto (us)",
+        "best single algorithm (us)",
+        "auto vs MPI",
+        "auto vs gloo",
+        "auto / best",
+    ]
     if hier:
         head += ["hier vs flat", "hier vs ring", "bound (us)", "eff hier / flat"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -53,26 +79,29 @@ def result_table(doc: dict, hier: bool) -> str:
         if auto is None or not singles:
             continue
         best_name, best = min(singles.items(), key=lambda kv: kv[1]["time_us"])
-        row = [key[0], key[1], _size(key[2]), "in" if key[3] else "out", f"{auto['time_us']:.0f}",
-               f"{best_name} {best['time_us']:.0f}", _ratio(auto.get("ratio_vs_mpi")),
-               _ratio(auto.get("ratio_vs_torch")), f"{auto['time_us'] / best['time_us']:.2f}"]
+        row = [
+            key[0],
+            key[1],
+            _size(key[2]),
+            "in" if key[3] else "out",
+            f"{auto['time_us']:.0f}",
+            f"{best_name} {best['time_us']:.0f}",
+            _ratio(auto.get("ratio_vs_mpi")),
+            _ratio(auto.get("ratio_vs_torch")),
+            f"{auto['time_us'] / best['time_us']:.2f}",
+        ]
         if hier:
-            h = c.get("hierarchical")
-            for other in ("flat", "ring"):
-                o = c.get(other)
-                row.append(_ratio(o["time_us"] / h["time_us"]) if h and o else "n/a")
-            f = c.get("flat")
-            row.append(f"{auto['bound_us']:.0f}" if auto.get("bound_us") else "n/a")
-            row.append(f"{h['efficiency']:.0%} / {f['efficiency']:.0%}"
-                       if h and f and h.get("efficiency") and f.get("efficiency") else "n/a")
+            row += _hier_columns(c, auto)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def overhead_table(paths: list[str]) -> str:
-    lines = ["| ranks | size | timing | fourd flat out / in place (us) | "
-             "MPI via mpi4py out / in place (us) | fourd - MPI (out / in place) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| ranks | size | timing | fourd flat out / in place (us) | "
+        "MPI via mpi4py out / in place (us) | fourd - MPI (out / in place) |",
+        "|---|---|---|---|---|---|",
+    ]
     for p in paths:
         doc = json.load(open(p))
         mode = doc.get("timing", {}).get("mode", "iteration")
@@ -84,13 +113,19 @@ def overhead_table(paths: list[str]) -> str:
         n = doc["grid"]["world_size"]
         size = f_o["size_bytes"]
         if size <= 4096:
-            diff = (f"{f_o['time_us'] - m_o['time_us']:+.1f} / "
-                    f"{f_i['time_us'] - m_i['time_us']:+.1f} us")
+            diff = (
+                f"{f_o['time_us'] - m_o['time_us']:+.1f} / "
+                f"{f_i['time_us'] - m_i['time_us']:+.1f} us"
+            )
         else:
-            diff = (f"{m_o['time_us'] / f_o['time_us']:.2f}x / "
-                    f"{m_i['time_us'] / f_i['time_us']:.2f}x of MPI's speed")
-        lines.append(f"| {n} | {_size(size)} | {mode} | {f_o['time_us']:.2f} / {f_i['time_us']:.2f} | "
-                     f"{m_o['time_us']:.2f} / {m_i['time_us']:.2f} | {diff} |")
+            diff = (
+                f"{m_o['time_us'] / f_o['time_us']:.2f}x / "
+                f"{m_i['time_us'] / f_i['time_us']:.2f}x of MPI's speed"
+            )
+        lines.append(
+            f"| {n} | {_size(size)} | {mode} | {f_o['time_us']:.2f} / {f_i['time_us']:.2f} | "
+            f"{m_o['time_us']:.2f} / {m_i['time_us']:.2f} | {diff} |"
+        )
     return "\n".join(lines)
 
 

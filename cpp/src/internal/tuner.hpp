@@ -1,55 +1,32 @@
 #pragma once
 // Tuning in use: `auto` checks the cost model's choice against its close rivals on the calls
-// themselves (docs/algorithms.md, "Tuning in use").
+// themselves and keeps the fastest. docs/algorithms.md, "Tuning in use", holds the measurements
+// behind each constant below.
 //
-// The model's parameters come from a calibration of a few seconds on a busy machine; two
-// calibrations in a row differ by a median 1.2x and up to 1.5x per point, so where two
-// algorithms are predicted within that spread of each other the model picks between them by
-// chance (on the emulated 2 x 3 cluster, 1 MiB all_reduce: predicted ring 5.4 ms, hierarchical
-// 5.9 ms; ran 5.4-5.9 ms and 3.7-4.0 ms). Training issues the same collectives at the same
-// sizes every step, so the calls can settle it: for each (collective, bytes, dtype, placement)
-// the first calls run the shortlist (the model's choice and the algorithms predicted within
-// kWindow of it, every supported one below kSmallBytes, kMaxCandidates at most) in two
-// passes, the second in reverse order. In each pass a candidate gets untimed calls, then a
-// barrier, then timed calls back to back:
-// - untimed calls: kWarm, and from kWarmFrom as many as carry kWarmBytes (up to kMaxWarm):
-//   after another algorithm, ring and rhd took 5-7 calls of 16 MiB to reach their steady
-//   time (2 ranks of the VM: the first 1.25-1.65x, the third 1.15x), shm one; with two, the
-//   timed calls read rhd 1.17-1.45x its steady time at 16 MiB in a recorded run, and `auto`
-//   ran ring at 1.16x rhd's;
-// - back to back, as the benchmark and training run them: a barrier before every timed call
-//   timed rhd 1.3x faster than it ran in a row of calls;
-// - as many as carry kTimedBytes (kTimed to kMaxTimed): the medians of 3 calls of 1 MiB on 4
-//   ranks ranked shm, ring and rhd, within 10% of each other, the other way round from the
-//   benchmark;
-// - two passes, a candidate's figure being the better of its passes' medians: the first calls
-//   of a size, and the first after another algorithm, ran up to 1.7x slow (4 ranks of the
-//   2-core VM: rhd, first in a single pass, read 3.7 ms at 4 MiB bfloat16 and lost to ring at
-//   2.5 ms; it then ran 2.2 ms against ring's 2.5).
-// Tuning covers every size: below 256 KiB the model alone ran flat at 1.4x rhd's time (2 ranks,
-// 4 KiB all_reduce) and ring at 1.8-1.9x flat's and rhd's (4 ranks, 1-4 KiB out of place),
-// measured in 11 rounds. There calls take a few microseconds (2 ranks) to tens (4 ranks on
-// 2 cores), and a short window times the scheduler more than the algorithm: with 2 untimed and
-// 32 timed calls, 4 ranks timed rhd at 43 us against ring's 25 (1 KiB), then ran them at 16 and
-// 29 us. So below kSmallBytes a candidate gets kSmallWarm untimed and kSmallTimed timed calls,
-// and the shortlist holds every supported algorithm (the model's latency terms are the least
-// sure: at 1 KiB on 2 ranks it priced rhd over 2x flat, which rhd beat by 1.1x).
-// With a core per rank that settled small calls well (2 ranks: the choice within 10% of the
-// fastest in 30 of 30 cells); with 4 ranks on 2 cores it stays a coin toss (bench/README.md).
-// The shortlist is wide: kWindow is the calibration's own pruning threshold (what calibration
-// stops timing as out of the race, tuning does not try either), and kMaxCandidates lets every
-// algorithm of a one-node group in (flat, ring, rhd, shm). At 1.5x and three, a recorded 4-rank
-// 4 MiB in-place all_reduce left shm out (a calibration priced it just over 1.5x flat's time)
-// and ran ring, at 1.12x shm's time.
-// After the last call, one all-reduce (MAX) of every candidate's figure over the group, and
-// from then on every call runs the fastest (the model's choice unless another was faster by
-// more than 1 - kSwitch).
-// A switch away from the model's choice is confirmed: the new choice runs provisionally for
-// kRecheckGap times the exploration's calls, then the shortlist is explored again, and each
-// candidate's figure is the lower of its two (a passing slowdown only adds time, so the lower
-// is the nearer to the candidate's own speed). On the emulated 2 x 2 cluster, the first row
-// of a run explored flat at 2.4x its steady time (1 MiB in place, right after start-up) and
-// `auto` switched to ring, which ran 1.5x hierarchical's time for the rest of the run.
+// Why: the model's figures come from a calibration of a few seconds on a shared machine, whose
+// points spread by up to 1.5x from one calibration to the next, so where two algorithms are
+// predicted within that spread the model picks between them by chance. Training issues the same
+// collectives at the same sizes every step, so the calls themselves can settle it.
+//
+// How, for each key (collective, bytes, dtype, placement):
+// - Shortlist: the model's choice, then the algorithms predicted within kWindow of it (the
+//   calibration's own pruning threshold: what calibration stops timing, tuning does not try),
+//   fastest first, kMaxCandidates at most (every algorithm of a one-node group). Below
+//   kSmallBytes, every supported algorithm: the model's latency terms are its least sure.
+// - Exploration: kPasses passes over the shortlist, the second in reverse order, so that the
+//   slow first calls of a new size do not all fall on one candidate. In each pass a candidate
+//   runs untimed calls to reach its steady speed (kWarm; from kWarmFrom, where ring and rhd need
+//   several calls after another algorithm, as many as carry kWarmBytes, at most kMaxWarm), then
+//   a barrier, then timed calls back to back, as training runs them (kTimed to kMaxTimed, as
+//   many as carry kTimedBytes). Below kSmallBytes, kSmallWarm and kSmallTimed: a short window
+//   there times the scheduler more than the algorithm. A candidate's figure is the better of
+//   its passes' medians.
+// - Decision: one all-reduce (MAX) of every candidate's figure over the group; from then on
+//   every call runs the fastest, the model's choice unless another is faster by more than
+//   1 - kSwitch (a near tie is the machine's noise).
+// - Re-check: a switch away from the model's choice runs provisionally for kRecheckGap times
+//   the exploration's calls, then the shortlist is explored again and each candidate's figure
+//   becomes the lower of its two (a passing slowdown only adds time); that decision is final.
 //
 // Every rank must make the same choice for the same call, so nothing here depends on a rank's
 // own clock except the times that the all-reduce makes common: the schedule depends only on

@@ -1,2 +1,0 @@
-# commit 1ae3519 (tuning in use from 256 KiB only), the profile cached by earlier runs; written to a scratch file, renamed after
-.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_reduce,all_gather,reduce_scatter -d float -b 1K -e 256K -f 4 -R 11 --algorithm all --baseline mpi --json bench/results/onenode_np2_small_model.json
