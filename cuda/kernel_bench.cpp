@@ -109,46 +109,53 @@ std::string jsonEscape(const std::string& s) {
   return o;
 }
 
-int run(const Options& opt) {
-  std::string why;
-  if (fourd::cuda::deviceCount(&why) == 0) {
-    std::fprintf(stderr, "fourd_kernel_bench: no CUDA device: %s\n", why.c_str());
-    return 2;
-  }
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  const size_t bytes = opt.mib << 20;
-  constexpr int kMaxSrcs = 8;
-  // One extra 16 bytes per buffer so the misaligned cases stay inside the allocation.
-  std::vector<void*> bufs(kMaxSrcs + 1, nullptr);
-  for (auto& p : bufs) {
-    check(cudaMalloc(&p, bytes + 16), "cudaMalloc (lower --mib?)");
-    // Bytes 0x11: small finite values in every dtype (no NaN or Inf slow paths).
-    check(cudaMemset(p, 0x11, bytes + 16), "cudaMemset");
-  }
-  // The memsets ran on the legacy default stream, which the non-blocking stream below does not
-  // wait for: finish them before the first timed launch.
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  cudaStream_t s;
-  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  void* dst = bufs[kMaxSrcs];
+// The buffers, the stream and the rows of one run.
+struct Bench {
+  static constexpr int kMaxSrcs = 8;
+  const Options& opt;
+  size_t bytes;
+  std::vector<void*> bufs;
+  void* dst = nullptr;
+  cudaStream_t s = nullptr;
   std::vector<Row> rows;
+  double copyGbps = 0.0;
+
+  explicit Bench(const Options& o) : opt(o), bytes(o.mib << 20), bufs(kMaxSrcs + 1, nullptr) {
+    // One extra 16 bytes per buffer so the misaligned cases stay inside the allocation.
+    for (auto& p : bufs) {
+      check(cudaMalloc(&p, bytes + 16), "cudaMalloc (lower --mib?)");
+      // Bytes 0x11: small finite values in every dtype (no NaN or Inf slow paths).
+      check(cudaMemset(p, 0x11, bytes + 16), "cudaMemset");
+    }
+    // The memsets ran on the legacy default stream, which the non-blocking stream below does
+    // not wait for: finish them before the first timed launch.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    dst = bufs[kMaxSrcs];
+  }
+  ~Bench() {
+    for (void* p : bufs) cudaFree(p);
+    if (s) cudaStreamDestroy(s);
+  }
 
   // Reference: the device's own device-to-device copy.
-  Row copy;
-  copy.kind = "copy";
-  copy.name = "cudaMemcpyAsync D2D";
-  copy.bytes = bytes;
-  copy.moved = 2 * bytes;
-  copy.us = timeUs([&] { check(cudaMemcpyAsync(dst, bufs[0], bytes, cudaMemcpyDeviceToDevice, s),
-                               "cudaMemcpyAsync"); },
-                   opt.warmup, opt.iters, s);
-  copy.gbps = copy.moved / copy.us / 1e3;
-  copy.vsCopy = 1.0;
-  rows.push_back(copy);
+  void addCopy() {
+    Row copy;
+    copy.kind = "copy";
+    copy.name = "cudaMemcpyAsync D2D";
+    copy.bytes = bytes;
+    copy.moved = 2 * bytes;
+    copy.us = timeUs([&] { check(cudaMemcpyAsync(dst, bufs[0], bytes, cudaMemcpyDeviceToDevice, s),
+                                 "cudaMemcpyAsync"); },
+                     opt.warmup, opt.iters, s);
+    copy.gbps = copy.moved / copy.us / 1e3;
+    copy.vsCopy = 1.0;
+    copyGbps = copy.gbps;
+    rows.push_back(copy);
+  }
 
-  auto addReduce = [&](const std::string& label, DataType t, ReduceOp op, int n, size_t nbytes,
-                       size_t srcShift, size_t dstShift) {
+  void addReduce(const std::string& label, DataType t, ReduceOp op, int n, size_t nbytes,
+                 size_t srcShift, size_t dstShift) {
     const size_t es = fourd::cuda::elementSize(t);
     const size_t count = nbytes / es;
     std::vector<const void*> srcs(static_cast<size_t>(n));
@@ -168,35 +175,35 @@ int run(const Options& opt) {
     r.us = timeUs([&] { fourd::cuda::reduce(d, srcs.data(), n, count, t, op, s); }, opt.warmup,
                   opt.iters, s);
     r.gbps = r.moved / r.us / 1e3;
-    r.vsCopy = r.gbps / copy.gbps;
+    r.vsCopy = r.gbps / copyGbps;
     rows.push_back(r);
-  };
+  }
 
-  const DataType all[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                          DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
-                          DataType::kInt32,   DataType::kInt64};
-  for (DataType t : all) addReduce("", t, ReduceOp::kSum, 2, bytes, 0, 0);
-  for (ReduceOp op : {ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
-    addReduce("", DataType::kFloat32, op, 2, bytes, 0, 0);
-  }
-  addReduce("", DataType::kBFloat16, ReduceOp::kAvg, 2, bytes, 0, 0);
-  for (int n : {4, 8}) {
-    addReduce("", DataType::kFloat32, ReduceOp::kSum, n, bytes, 0, 0);
-    addReduce("", DataType::kBFloat16, ReduceOp::kSum, n, bytes, 0, 0);
-  }
-  addReduce("sum, all offset 4 B (peeled)", DataType::kFloat32, ReduceOp::kSum, 2, bytes - 16, 4,
-            4);
-  addReduce("sum, src0 offset 4 B (scalar)", DataType::kFloat32, ReduceOp::kSum, 2, bytes - 16,
-            4, 0);
-  addReduce("sum, src0 offset 2 B (scalar)", DataType::kBFloat16, ReduceOp::kSum, 2, bytes - 16,
-            2, 0);
-  // Small buffers: launch overhead and tail effects.
-  for (size_t small : {size_t(64) << 10, size_t(1) << 20, size_t(16) << 20}) {
-    if (small < bytes) addReduce("", DataType::kFloat32, ReduceOp::kSum, 2, small, 0, 0);
+  void addReductions() {
+    for (int i = 0; i < fourd::kNumDataTypes; ++i)
+      addReduce("", static_cast<DataType>(i), ReduceOp::kSum, 2, bytes, 0, 0);
+    for (ReduceOp op : {ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+      addReduce("", DataType::kFloat32, op, 2, bytes, 0, 0);
+    }
+    addReduce("", DataType::kBFloat16, ReduceOp::kAvg, 2, bytes, 0, 0);
+    for (int n : {4, 8}) {
+      addReduce("", DataType::kFloat32, ReduceOp::kSum, n, bytes, 0, 0);
+      addReduce("", DataType::kBFloat16, ReduceOp::kSum, n, bytes, 0, 0);
+    }
+    addReduce("sum, all offset 4 B (peeled)", DataType::kFloat32, ReduceOp::kSum, 2, bytes - 16,
+              4, 4);
+    addReduce("sum, src0 offset 4 B (scalar)", DataType::kFloat32, ReduceOp::kSum, 2,
+              bytes - 16, 4, 0);
+    addReduce("sum, src0 offset 2 B (scalar)", DataType::kBFloat16, ReduceOp::kSum, 2,
+              bytes - 16, 2, 0);
+    // Small buffers: launch overhead and tail effects.
+    for (size_t small : {size_t(64) << 10, size_t(1) << 20, size_t(16) << 20}) {
+      if (small < bytes) addReduce("", DataType::kFloat32, ReduceOp::kSum, 2, small, 0, 0);
+    }
   }
 
   // Block permutations (reverse order) over the whole buffer, kernel against cudaMemcpyAsync.
-  auto addPermute = [&](size_t blockBytes, fourd::cuda::CopyMethod m, size_t total) {
+  void addPermute(size_t blockBytes, fourd::cuda::CopyMethod m, size_t total) {
     const int nblocks = static_cast<int>(total / blockBytes);
     if (nblocks < 1) return;
     std::vector<int> perm(static_cast<size_t>(nblocks));
@@ -212,35 +219,24 @@ int run(const Options& opt) {
                                                    nblocks, s, m); },
                   opt.warmup, opt.iters, s);
     r.gbps = r.moved / r.us / 1e3;
-    r.vsCopy = r.gbps / copy.gbps;
+    r.vsCopy = r.gbps / copyGbps;
     rows.push_back(r);
-  };
-  const size_t kib = 1024;
-  for (size_t bb : {4 * kib, 64 * kib, 256 * kib, 1024 * kib, 16384 * kib, 65536 * kib}) {
-    // At most 1024 blocks: the group sizes the algorithms permute over.
-    const size_t total = std::min(bytes, bb * 1024);
-    addPermute(bb, fourd::cuda::CopyMethod::kKernel, total);
-    addPermute(bb, fourd::cuda::CopyMethod::kMemcpy, total);
   }
-  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 
-  // ---- report ------------------------------------------------------------------------------
-  int ver = 0;
-  cudaRuntimeGetVersion(&ver);
-  int drv = 0;
-  cudaDriverGetVersion(&drv);
-  std::printf("fourd_kernel_bench: %s, %d SMs, runtime %d, driver %d, NCCL %d; buffers %zu MiB, "
-              "%d iterations after %d warm-up\n",
-              prop.name, prop.multiProcessorCount, ver, drv, fourd::cuda::ncclVersion(), opt.mib,
-              opt.iters, opt.warmup);
-  std::printf("bandwidth counts bytes read + written; 'vs copy' = against cudaMemcpyAsync D2D\n");
-  std::printf("%-8s %-36s %-9s %5s %10s %10s %9s %8s\n", "kind", "case", "dtype", "nsrcs",
-              "MiB/buf", "time us", "GB/s", "vs copy");
-  for (const Row& r : rows) {
-    std::printf("%-8s %-36s %-9s %5d %10.3f %10.1f %9.1f %7.1f%%\n", r.kind.c_str(),
-                r.name.c_str(), r.dtype.empty() ? "-" : r.dtype.c_str(), r.nsrcs,
-                r.bytes / 1048576.0, r.us, r.gbps, 100.0 * r.vsCopy);
+  void addPermutes() {
+    const size_t kib = 1024;
+    for (size_t bb : {4 * kib, 64 * kib, 256 * kib, 1024 * kib, 16384 * kib, 65536 * kib}) {
+      // At most 1024 blocks: the group sizes the algorithms permute over.
+      const size_t total = std::min(bytes, bb * 1024);
+      addPermute(bb, fourd::cuda::CopyMethod::kKernel, total);
+      addPermute(bb, fourd::cuda::CopyMethod::kMemcpy, total);
+    }
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
   }
+};
+
+std::string rowsJson(const cudaDeviceProp& prop, int ver, int drv, const Options& opt,
+                     size_t bytes, const std::vector<Row>& rows) {
   std::string json = "{\"bench\":\"fourd_kernel_bench\",\"device\":\"" + jsonEscape(prop.name) +
                      "\",\"sms\":" + std::to_string(prop.multiProcessorCount) +
                      ",\"cuda_runtime\":" + std::to_string(ver) +
@@ -258,7 +254,28 @@ int run(const Options& opt) {
     json += std::string(i ? "," : "") + "{\"kind\":\"" + r.kind + "\",\"case\":\"" +
             jsonEscape(r.name) + "\",\"dtype\":\"" + r.dtype + "\"," + num + "}";
   }
-  json += "]}";
+  return json + "]}";
+}
+
+void report(const Bench& b, const cudaDeviceProp& prop) {
+  int ver = 0;
+  cudaRuntimeGetVersion(&ver);
+  int drv = 0;
+  cudaDriverGetVersion(&drv);
+  const Options& opt = b.opt;
+  std::printf("fourd_kernel_bench: %s, %d SMs, runtime %d, driver %d, NCCL %d; buffers %zu MiB, "
+              "%d iterations after %d warm-up\n",
+              prop.name, prop.multiProcessorCount, ver, drv, fourd::cuda::ncclVersion(), opt.mib,
+              opt.iters, opt.warmup);
+  std::printf("bandwidth counts bytes read + written; 'vs copy' = against cudaMemcpyAsync D2D\n");
+  std::printf("%-8s %-36s %-9s %5s %10s %10s %9s %8s\n", "kind", "case", "dtype", "nsrcs",
+              "MiB/buf", "time us", "GB/s", "vs copy");
+  for (const Row& r : b.rows) {
+    std::printf("%-8s %-36s %-9s %5d %10.3f %10.1f %9.1f %7.1f%%\n", r.kind.c_str(),
+                r.name.c_str(), r.dtype.empty() ? "-" : r.dtype.c_str(), r.nsrcs,
+                r.bytes / 1048576.0, r.us, r.gbps, 100.0 * r.vsCopy);
+  }
+  const std::string json = rowsJson(prop, ver, drv, opt, b.bytes, b.rows);
   std::printf("%s\n", json.c_str());
   if (!opt.jsonPath.empty()) {
     FILE* f = std::fopen(opt.jsonPath.c_str(), "w");
@@ -266,8 +283,21 @@ int run(const Options& opt) {
     std::fprintf(f, "%s\n", json.c_str());
     std::fclose(f);
   }
-  for (void* p : bufs) cudaFree(p);
-  cudaStreamDestroy(s);
+}
+
+int run(const Options& opt) {
+  std::string why;
+  if (fourd::cuda::deviceCount(&why) == 0) {
+    std::fprintf(stderr, "fourd_kernel_bench: no CUDA device: %s\n", why.c_str());
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  Bench b(opt);
+  b.addCopy();
+  b.addReductions();
+  b.addPermutes();
+  report(b, prop);
   return 0;
 }
 

@@ -237,7 +237,7 @@ void bindProfile(py::module_& m) {
 
 }  // namespace
 
-void register_cost_model(py::module_& m) {
+static void bindModelTypes(py::module_& m) {
 
   bindProfile(m);
 
@@ -274,6 +274,10 @@ void register_cost_model(py::module_& m) {
         return os.str();
       });
 
+}
+
+// The model's functions: what auto and the planner both call.
+static void bindModelFunctions(py::module_& m) {
   m.def(
       "predict",
       [](const std::string& collective, const std::string& algorithm, long long nbytes,
@@ -323,4 +327,9 @@ void register_cost_model(py::module_& m) {
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("shape"),
       "(supported, reason) of an algorithm on a group shape.");
+}
+
+void register_cost_model(py::module_& m) {
+  bindModelTypes(m);
+  bindModelFunctions(m);
 }

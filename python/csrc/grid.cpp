@@ -179,9 +179,10 @@ py::object bufferInfo(py::handle obj, bool writable) {
   return out;
 }
 
-}  // namespace
 
-void register_grid(py::module_& m) {
+
+// Module-level functions: the MPI library, the build, the buffer fast path.
+void bindModuleFunctions(py::module_& m) {
   m.def("buffer_info", &bufferInfo, py::arg("obj"), py::arg("writable"));
   gMainThread = PyThread_get_thread_ident();
   py::object threading = py::module_::import("threading");
@@ -204,6 +205,9 @@ void register_grid(py::module_& m) {
     return p;
   });
 
+}
+
+void bindWork(py::module_& m) {
   py::class_<Work, std::shared_ptr<Work>>(m, "Work", "Handle on a collective operation.")
       .def("is_completed", &Work::isCompleted, "True once the operation finished; never blocks.")
       .def("wait", &waitWork, py::arg("timeout") = py::none(),
@@ -214,16 +218,24 @@ void register_grid(py::module_& m) {
         return "<fourd.Work " + w.description() + (w.isCompleted() ? " completed>" : " running>");
       });
 
-  py::class_<Communicator>(m, "Communicator")
-      .def_property_readonly("rank", &Communicator::rank)
+}
+
+using CommunicatorClass = py::class_<Communicator>;
+
+void bindCommunicatorInfo(CommunicatorClass& c) {
+  c.def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("mask", &Communicator::mask)
       .def_property_readonly("name", &Communicator::name)
       .def_property_readonly("world_ranks", &Communicator::worldRanks)
       .def_property_readonly("topology", [](const Communicator& c) { return topologyDict(c.topology()); })
       .def_property_readonly("poisoned", &Communicator::poisoned)
-      .def_property_readonly("poison_reason", &Communicator::poisonReason)
-      .def("all_reduce",
+      .def_property_readonly("poison_reason", &Communicator::poisonReason);
+}
+
+// The collectives, as Python resolves their buffers (grid.py is the only caller).
+void bindReductions(CommunicatorClass& c) {
+  c.def("all_reduce",
            [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev, int devIdx,
               uintptr_t stream, int op, int algorithm, double timeout, bool async, bool acc32,
               py::object keep) {
@@ -272,8 +284,11 @@ void register_grid(py::module_& m) {
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return true;
-           })
-      .def("all_gather",
+           });
+}
+
+void bindGatherScatter(CommunicatorClass& c) {
+  c.def("all_gather",
            [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
               int dev, int devIdx, uintptr_t stream, int algorithm, double timeout, bool async,
               py::object keep) {
@@ -309,8 +324,12 @@ void register_grid(py::module_& m) {
            [](Communicator& c, double timeout) {
              const CallOptions o = opts(0, timeout, false, false);
              released([&] { return c.barrier(o); });
-           })
-      .def("choose",
+           });
+}
+
+// What the selector and the tuning say of a call.
+void bindQueries(CommunicatorClass& c) {
+  c.def("choose",
            [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
               bool inPlace, const std::string& device) {
              return std::string(fourd::algorithmName(
@@ -368,8 +387,11 @@ void register_grid(py::module_& m) {
              return out;
            },
            py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
-           py::arg("in_place") = false, py::arg("device") = "cpu");
+           py::arg("in_place") = false, py::arg("device") = "cpu")
+;
+}
 
+void bindGrid(py::module_& m) {
   py::class_<Grid>(m, "Grid")
       .def(py::init([](intptr_t commF, std::vector<int> sizes, const std::string& order, int rpn,
                        double timeout, bool debug, bool abortOnTimeout) {
@@ -416,4 +438,16 @@ void register_grid(py::module_& m) {
       .def("set_profile", &Grid::setProfile);
 }
 
+}  // namespace
+
+void register_grid(py::module_& m) {
+  bindModuleFunctions(m);
+  bindWork(m);
+  CommunicatorClass comm(m, "Communicator");
+  bindCommunicatorInfo(comm);
+  bindReductions(comm);
+  bindGatherScatter(comm);
+  bindQueries(comm);
+  bindGrid(m);
+}
 }  // namespace fourd_py

@@ -399,9 +399,6 @@ def default_timeout() -> float:
     return 300.0
 
 
-_default_timeout = default_timeout  # the name callers used before it was public
-
-
 _state = threading.local()
 # Called with the new Grid at the end of init(), before it becomes current. The layer above
 # (fourd/__init__.py) registers the profile policy here, so that grid.py imports nothing of it.
@@ -471,7 +468,7 @@ def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm
     world = comm.Get_size()
     local_error = None
     sizes = []
-    for name, v in (("x", x), ("y", y), ("z", z)):
+    for name, v in zip(AXES[:3], (x, y, z)):
         if not isinstance(v, int) or isinstance(v, bool):
             local_error = local_error or InvalidArgumentError(
                 f"{name}: expected an integer grid size >= 1, found {v!r}")

@@ -84,7 +84,7 @@ __all__ = [
 ]
 
 #: The axes of Megatron's tensor-parallel group.
-TP_AXES = ("x", "y", "z")
+TP_AXES = _C.AXES[:3]  # x, y, z
 
 
 class AxisMask:
@@ -261,7 +261,7 @@ def initialize(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None
         _state.grid = g
         _state.owns_grid = owns
         _state.groups = {}
-        t = timeout if timeout is not None else _default_timeout()
+        t = timeout if timeout is not None else _grid.default_timeout()
         _state.torch_timeout = datetime.timedelta(seconds=float(t))
     if torch_distributed:
         init_torch_distributed(g, backend=backend)
@@ -511,14 +511,6 @@ def _master_address(comm) -> str:
     return comm.bcast(addr, root=0)
 
 
-def _default_timeout() -> float:
-    """fourd's default deadline in seconds (FOURD_TIMEOUT_S, else 300), as fourd.init reads it.
-
-    WORKAROUND: grid.py keeps this function private; this is the one place outside grid.py
-    that reads it, until grid.py exports it as a public name."""
-    return _grid._default_timeout()
-
-
 def _start_torch_distributed(comm, backend: str | None) -> None:
     """torch.distributed.init_process_group over the processes of `comm`, torch rank = rank
     in `comm`: rank 0 opens a TCPStore on a free port and tells the others over MPI. backend:
@@ -528,7 +520,7 @@ def _start_torch_distributed(comm, backend: str | None) -> None:
 
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout = _state.torch_timeout or datetime.timedelta(seconds=_default_timeout())
+    timeout = _state.torch_timeout or datetime.timedelta(seconds=_grid.default_timeout())
     addr = _master_address(comm)
     rank, size = comm.Get_rank(), comm.Get_size()
     store, err = None, None

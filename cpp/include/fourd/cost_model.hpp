@@ -33,7 +33,7 @@ Collective parseCollective(const std::string& s, const char* argName = "collecti
 const char* algorithmName(Algorithm a);
 Algorithm parseAlgorithm(const std::string& s, const char* argName = "algorithm");
 
-/// A measured correction of the model (calibration.py writes them): for one collective and
+/// A measured correction of the model (fourd.profile.measure writes them): for one collective and
 /// algorithm on groups of `groupSize` ranks over `nodes` nodes, 16-bit floats or not, in place
 /// or not, the measured time at `nbytes` over the model's prediction. The model's structure
 /// (how time grows with the message, the group, the topology) stays; these points pin it to

@@ -21,7 +21,7 @@
 //   all_gather      per chunk: copy my block's piece into my segment, barrier, copy the other
 //                   k-1 pieces out. T = n/k c + (k-1)/k n c + chunks s.
 // The cost model (cost_model.cpp) prices these phases (one chunk's barriers; the n/k store of
-// my reduced slice counted as a copy); calibration (python/fourd/calibration.py) fits shmBw to
+// my reduced slice counted as a copy); calibration (python/fourd/profile/fit.py) fits shmBw to
 // the all-reduce formula.
 //
 // No message crosses MPI: the only synchronisation is the flag barrier. It polls without

@@ -31,7 +31,8 @@ def unavailable_reason() -> str | None:
     except Exception as e:  # noqa: BLE001
         return f"torch is not importable ({type(e).__name__}: {e})"
     if not torch.cuda.is_available():
-        count, why = fourd._C.cuda_device_count()
+        info = fourd.build_info()
+        count, why = info["cuda_devices"], info["cuda_unavailable"]
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         return (f"no CUDA device: torch.cuda is unavailable (torch {torch.__version__}, {build}); "
                 f"fourd sees {count} device(s){': ' + why if why else ''}")

@@ -24,7 +24,6 @@ DTYPES = _C.DTYPES
 BASELINES = ("mpi", "torch")
 # nccl-tests' name for int8, which fourd's parser does not take (fourd._C.parse_dtype takes the
 # other spellings: float, double, half, bf16, int, ...).
-_DTYPE_ALIASES = {"char": "int8"}
 
 # Default sweep: 1 KiB .. 16 MiB by 4 keeps a no-flag run on 4 ranks of a 2-core machine well
 # inside 90 s while covering the latency-bound and the bandwidth-bound ends.
@@ -327,7 +326,7 @@ def _choose(text: str | None, option: str, names, canonical, all_value=None) -> 
     return out
 
 
-_DTYPE = _vocabulary(_C.parse_dtype, _C.DTYPES, _DTYPE_ALIASES)
+_DTYPE = _vocabulary(_C.parse_dtype, _C.DTYPES)
 _OP = _vocabulary(_C.parse_op, _C.OPS)
 _COLLECTIVE = _vocabulary(_C.parse_collective, _C.COLLECTIVES)
 _ALGORITHM = _vocabulary(_C.parse_algorithm, _C.ALGORITHMS)

@@ -234,12 +234,11 @@ class Runner:
                                in_place=in_place)
         if ex["forced_by_env"] or ex["set_by_plan"]:
             return est
-        # The tuning's state alone on each call: Grid.explain prices every candidate, too
-        # slow to ask between calls. Workaround until the public API has a cheap query of
-        # the tuning's state: the group's communicator (Grid.communicator) answers it.
-        comm = self.grid.communicator(axis.name)
+        # The tuning's state alone on each call (Grid.tuning): Grid.explain prices every
+        # candidate, too slow to ask between calls.
         for _ in range(TUNING_MAX_CALLS):
-            state = comm.tuning(bufs.collective, nbytes, bufs.dtype, in_place)["state"]
+            state = self.grid.tuning(bufs.collective, nbytes, axis.name, bufs.dtype,
+                                     in_place)["state"]
             if state in ("settled", "single", "off"):
                 break
             t0 = time.perf_counter()
