@@ -70,9 +70,9 @@ __global__ void __launch_bounds__(detail::kThreads)
 int copyBlocksPerSm() {
   static const int n = [] {
     int v = 0;
-    detail::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, copyRegionsKernel,
-                                                                detail::kThreads, 0),
-                  "copyRegions (occupancy query)");
+    detail::check(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, copyRegionsKernel, detail::kThreads, 0),
+        "copyRegions (occupancy query)");
     return v;
   }();
   return n;
@@ -137,8 +137,8 @@ void checkNoOverlap(const char* dst, const char* src, const CopyRegion* regions,
     const uintptr_t d = reinterpret_cast<uintptr_t>(dst) + regions[i].dstOffset;
     const uintptr_t dEnd = d + regions[i].bytes;
     // Source ranges beginning before dEnd; the overlap exists if one of them ends after d.
-    const auto it = std::lower_bound(srcRanges.begin(), srcRanges.end(),
-                                     std::make_pair(dEnd, uintptr_t(0)));
+    const auto it =
+        std::lower_bound(srcRanges.begin(), srcRanges.end(), std::make_pair(dEnd, uintptr_t(0)));
     const size_t k = static_cast<size_t>(it - srcRanges.begin());
     if (k > 0 && maxEnd[k - 1] > d) {
       throw InvalidArgument("regions: destination range of region " + std::to_string(i) +
@@ -192,8 +192,7 @@ void copyRegions(void* dst, const void* src, const CopyRegion* regions, int n, v
     if (regions[i].bytes > 0) live.push_back(regions[i]);
   }
   for (size_t first = 0; first < live.size(); first += kMaxRegionsPerLaunch) {
-    const int count =
-        static_cast<int>(std::min<size_t>(kMaxRegionsPerLaunch, live.size() - first));
+    const int count = static_cast<int>(std::min<size_t>(kMaxRegionsPerLaunch, live.size() - first));
     launchCopyKernel(d, s, live.data() + first, count, st);
   }
 }
@@ -201,8 +200,7 @@ void copyRegions(void* dst, const void* src, const CopyRegion* regions, int n, v
 void permuteBlocks(void* dst, const void* src, size_t blockBytes, const int* perm, int nblocks,
                    void* stream, CopyMethod method) {
   if (nblocks < 0) {
-    throw InvalidArgument("nblocks: expected a block count >= 0; found " +
-                          std::to_string(nblocks));
+    throw InvalidArgument("nblocks: expected a block count >= 0; found " + std::to_string(nblocks));
   }
   if (nblocks == 0 || blockBytes == 0) return;
   if (perm == nullptr) throw InvalidArgument("perm: null array with nblocks > 0");
@@ -212,9 +210,8 @@ void permuteBlocks(void* dst, const void* src, size_t blockBytes, const int* per
       throw InvalidArgument("perm[" + std::to_string(i) + "]: expected a block index in [0, " +
                             std::to_string(nblocks) + "); found " + std::to_string(perm[i]));
     }
-    regions[static_cast<size_t>(i)] = CopyRegion{static_cast<size_t>(i) * blockBytes,
-                                                 static_cast<size_t>(perm[i]) * blockBytes,
-                                                 blockBytes};
+    regions[static_cast<size_t>(i)] = CopyRegion{
+        static_cast<size_t>(i) * blockBytes, static_cast<size_t>(perm[i]) * blockBytes, blockBytes};
   }
   copyRegions(dst, src, regions.data(), nblocks, stream, method);
 }

@@ -95,14 +95,22 @@ void planAlignment(ReduceParams& p, size_t elemSize) {
 
 void launch(const ReduceParams& p, DataType dtype, ReduceOp op, cudaStream_t stream) {
   switch (dtype) {
-    case DataType::kFloat32: return detail::launchReduce<float>(p, op, stream);
-    case DataType::kFloat64: return detail::launchReduce<double>(p, op, stream);
-    case DataType::kFloat16: return detail::launchReduce<__half>(p, op, stream);
-    case DataType::kBFloat16: return detail::launchReduce<__nv_bfloat16>(p, op, stream);
-    case DataType::kInt8: return detail::launchReduce<int8_t>(p, op, stream);
-    case DataType::kUInt8: return detail::launchReduce<uint8_t>(p, op, stream);
-    case DataType::kInt32: return detail::launchReduce<int32_t>(p, op, stream);
-    case DataType::kInt64: return detail::launchReduce<int64_t>(p, op, stream);
+    case DataType::kFloat32:
+      return detail::launchReduce<float>(p, op, stream);
+    case DataType::kFloat64:
+      return detail::launchReduce<double>(p, op, stream);
+    case DataType::kFloat16:
+      return detail::launchReduce<__half>(p, op, stream);
+    case DataType::kBFloat16:
+      return detail::launchReduce<__nv_bfloat16>(p, op, stream);
+    case DataType::kInt8:
+      return detail::launchReduce<int8_t>(p, op, stream);
+    case DataType::kUInt8:
+      return detail::launchReduce<uint8_t>(p, op, stream);
+    case DataType::kInt32:
+      return detail::launchReduce<int32_t>(p, op, stream);
+    case DataType::kInt64:
+      return detail::launchReduce<int64_t>(p, op, stream);
   }
   throw InvalidArgument("dtype: unknown data type");
 }
@@ -111,9 +119,10 @@ void launch(const ReduceParams& p, DataType dtype, ReduceOp op, cudaStream_t str
 
 size_t elementSize(DataType t) {
   if (const size_t size = dataTypeSize(t)) return size;
-  throw InvalidArgument("dtype: expected one of float32, float64, float16, bfloat16, int8, uint8, "
-                        "int32, int64; found the value " +
-                        std::to_string(static_cast<int>(t)));
+  throw InvalidArgument(
+      "dtype: expected one of float32, float64, float16, bfloat16, int8, uint8, "
+      "int32, int64; found the value " +
+      std::to_string(static_cast<int>(t)));
 }
 
 int deviceCount(std::string* whyNone) noexcept {
@@ -194,8 +203,7 @@ void reduce(void* dst, const void* const* srcs, int nsrcs, size_t count, DataTyp
   }
 }
 
-void scale(void* dst, const void* src, size_t count, DataType dtype, double factor,
-           void* stream) {
+void scale(void* dst, const void* src, size_t count, DataType dtype, double factor, void* stream) {
   const size_t es = elementSize(dtype);
   if (!isFloating(dtype)) {
     throw InvalidArgument(std::string("dtype: scale needs a floating dtype; found ") +

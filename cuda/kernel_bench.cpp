@@ -75,8 +75,8 @@ struct Row {
   std::string name;   // what was run
   std::string dtype;  // "" for byte copies
   int nsrcs = 0;
-  size_t bytes = 0;   // bytes per buffer
-  size_t moved = 0;   // bytes read + written per launch
+  size_t bytes = 0;  // bytes per buffer
+  size_t moved = 0;  // bytes read + written per launch
   double us = 0;
   double gbps = 0;
   double vsCopy = 0;  // gbps / copy gbps
@@ -145,9 +145,12 @@ struct Bench {
     copy.name = "cudaMemcpyAsync D2D";
     copy.bytes = bytes;
     copy.moved = 2 * bytes;
-    copy.us = timeUs([&] { check(cudaMemcpyAsync(dst, bufs[0], bytes, cudaMemcpyDeviceToDevice, s),
-                                 "cudaMemcpyAsync"); },
-                     opt.warmup, opt.iters, s);
+    copy.us = timeUs(
+        [&] {
+          check(cudaMemcpyAsync(dst, bufs[0], bytes, cudaMemcpyDeviceToDevice, s),
+                "cudaMemcpyAsync");
+        },
+        opt.warmup, opt.iters, s);
     copy.gbps = copy.moved / copy.us / 1e3;
     copy.vsCopy = 1.0;
     copyGbps = copy.gbps;
@@ -190,12 +193,12 @@ struct Bench {
       addReduce("", DataType::kFloat32, ReduceOp::kSum, n, bytes, 0, 0);
       addReduce("", DataType::kBFloat16, ReduceOp::kSum, n, bytes, 0, 0);
     }
-    addReduce("sum, all offset 4 B (peeled)", DataType::kFloat32, ReduceOp::kSum, 2, bytes - 16,
-              4, 4);
-    addReduce("sum, src0 offset 4 B (scalar)", DataType::kFloat32, ReduceOp::kSum, 2,
-              bytes - 16, 4, 0);
-    addReduce("sum, src0 offset 2 B (scalar)", DataType::kBFloat16, ReduceOp::kSum, 2,
-              bytes - 16, 2, 0);
+    addReduce("sum, all offset 4 B (peeled)", DataType::kFloat32, ReduceOp::kSum, 2, bytes - 16, 4,
+              4);
+    addReduce("sum, src0 offset 4 B (scalar)", DataType::kFloat32, ReduceOp::kSum, 2, bytes - 16, 4,
+              0);
+    addReduce("sum, src0 offset 2 B (scalar)", DataType::kBFloat16, ReduceOp::kSum, 2, bytes - 16,
+              2, 0);
     // Small buffers: launch overhead and tail effects.
     for (size_t small : {size_t(64) << 10, size_t(1) << 20, size_t(16) << 20}) {
       if (small < bytes) addReduce("", DataType::kFloat32, ReduceOp::kSum, 2, small, 0, 0);
@@ -211,13 +214,12 @@ struct Bench {
     Row r;
     r.kind = "permute";
     r.name = std::string(m == fourd::cuda::CopyMethod::kKernel ? "kernel" : "memcpy") +
-             " blocks of " + std::to_string(blockBytes >> 10) + " KiB x " +
-             std::to_string(nblocks);
+             " blocks of " + std::to_string(blockBytes >> 10) + " KiB x " + std::to_string(nblocks);
     r.bytes = blockBytes * static_cast<size_t>(nblocks);
     r.moved = 2 * r.bytes;
-    r.us = timeUs([&] { fourd::cuda::permuteBlocks(dst, bufs[0], blockBytes, perm.data(),
-                                                   nblocks, s, m); },
-                  opt.warmup, opt.iters, s);
+    r.us = timeUs(
+        [&] { fourd::cuda::permuteBlocks(dst, bufs[0], blockBytes, perm.data(), nblocks, s, m); },
+        opt.warmup, opt.iters, s);
     r.gbps = r.moved / r.us / 1e3;
     r.vsCopy = r.gbps / copyGbps;
     rows.push_back(r);
@@ -235,8 +237,8 @@ struct Bench {
   }
 };
 
-std::string rowsJson(const cudaDeviceProp& prop, int ver, int drv, const Options& opt,
-                     size_t bytes, const std::vector<Row>& rows) {
+std::string rowsJson(const cudaDeviceProp& prop, int ver, int drv, const Options& opt, size_t bytes,
+                     const std::vector<Row>& rows) {
   std::string json = "{\"bench\":\"fourd_kernel_bench\",\"device\":\"" + jsonEscape(prop.name) +
                      "\",\"sms\":" + std::to_string(prop.multiProcessorCount) +
                      ",\"cuda_runtime\":" + std::to_string(ver) +
@@ -263,17 +265,18 @@ void report(const Bench& b, const cudaDeviceProp& prop) {
   int drv = 0;
   cudaDriverGetVersion(&drv);
   const Options& opt = b.opt;
-  std::printf("fourd_kernel_bench: %s, %d SMs, runtime %d, driver %d, NCCL %d; buffers %zu MiB, "
-              "%d iterations after %d warm-up\n",
-              prop.name, prop.multiProcessorCount, ver, drv, fourd::cuda::ncclVersion(), opt.mib,
-              opt.iters, opt.warmup);
+  std::printf(
+      "fourd_kernel_bench: %s, %d SMs, runtime %d, driver %d, NCCL %d; buffers %zu MiB, "
+      "%d iterations after %d warm-up\n",
+      prop.name, prop.multiProcessorCount, ver, drv, fourd::cuda::ncclVersion(), opt.mib, opt.iters,
+      opt.warmup);
   std::printf("bandwidth counts bytes read + written; 'vs copy' = against cudaMemcpyAsync D2D\n");
   std::printf("%-8s %-36s %-9s %5s %10s %10s %9s %8s\n", "kind", "case", "dtype", "nsrcs",
               "MiB/buf", "time us", "GB/s", "vs copy");
   for (const Row& r : b.rows) {
-    std::printf("%-8s %-36s %-9s %5d %10.3f %10.1f %9.1f %7.1f%%\n", r.kind.c_str(),
-                r.name.c_str(), r.dtype.empty() ? "-" : r.dtype.c_str(), r.nsrcs,
-                r.bytes / 1048576.0, r.us, r.gbps, 100.0 * r.vsCopy);
+    std::printf("%-8s %-36s %-9s %5d %10.3f %10.1f %9.1f %7.1f%%\n", r.kind.c_str(), r.name.c_str(),
+                r.dtype.empty() ? "-" : r.dtype.c_str(), r.nsrcs, r.bytes / 1048576.0, r.us, r.gbps,
+                100.0 * r.vsCopy);
   }
   const std::string json = rowsJson(prop, ver, drv, opt, b.bytes, b.rows);
   std::printf("%s\n", json.c_str());

@@ -47,10 +47,10 @@ struct ReduceParams {
   void* dst;
   const void* srcs[kMaxReduceSources];
   int nsrcs;
-  size_t count;  // elements
-  size_t head;   // scalar elements before the 16-byte aligned body
-  size_t nvec;   // 16-byte vectors in the body
-  double factor; // kAvg: multiply the sum by this before rounding
+  size_t count;   // elements
+  size_t head;    // scalar elements before the 16-byte aligned body
+  size_t nvec;    // 16-byte vectors in the body
+  double factor;  // kAvg: multiply the sum by this before rounding
 };
 
 /// Enqueues one reduce launch of element type T (instantiated in reduce_*.cu).

@@ -207,9 +207,9 @@ void launchReduceKernel(const ReduceParams& p, cudaStream_t stream) {
   // Occupancy depends only on the kernel and the architecture: ask once per instantiation.
   static const int blocksPerSm = [] {
     int n = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reduceKernel<T, Op, Scale>, kThreads,
-                                                        0),
-          "reduce (occupancy query)");
+    check(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reduceKernel<T, Op, Scale>, kThreads, 0),
+        "reduce (occupancy query)");
     return n;
   }();
   const size_t vecWork = (p.nvec + UnrollOf<T>::value - 1) / UnrollOf<T>::value;
@@ -222,10 +222,14 @@ void launchReduceKernel(const ReduceParams& p, cudaStream_t stream) {
 template <typename T>
 void launchReduce(const ReduceParams& p, ReduceOp op, cudaStream_t stream) {
   switch (op) {
-    case ReduceOp::kSum: return launchReduceKernel<T, ReduceOp::kSum, false>(p, stream);
-    case ReduceOp::kProd: return launchReduceKernel<T, ReduceOp::kProd, false>(p, stream);
-    case ReduceOp::kMin: return launchReduceKernel<T, ReduceOp::kMin, false>(p, stream);
-    case ReduceOp::kMax: return launchReduceKernel<T, ReduceOp::kMax, false>(p, stream);
+    case ReduceOp::kSum:
+      return launchReduceKernel<T, ReduceOp::kSum, false>(p, stream);
+    case ReduceOp::kProd:
+      return launchReduceKernel<T, ReduceOp::kProd, false>(p, stream);
+    case ReduceOp::kMin:
+      return launchReduceKernel<T, ReduceOp::kMin, false>(p, stream);
+    case ReduceOp::kMax:
+      return launchReduceKernel<T, ReduceOp::kMax, false>(p, stream);
     case ReduceOp::kAvg:
       if constexpr (std::is_floating_point_v<typename AccumOf<T>::type>) {
         return launchReduceKernel<T, ReduceOp::kSum, true>(p, stream);

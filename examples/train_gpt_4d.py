@@ -52,16 +52,30 @@ def parse_args(argv=None):
     p.add_argument("--z", type=int, default=1)
     p.add_argument("--data", type=int, default=None, help="default: world / (x*y*z)")
     p.add_argument("--order", default="x-y-z-data")
-    p.add_argument("--reference", action="store_true",
-                   help="run the unsharded torch.nn model in this one process (no MPI)")
-    p.add_argument("--overlap", default="none", choices=list(OVERLAPS),
-                   help="which overlap to turn on (all = OAR+ORS+OAG+data-parallel buckets)")
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="run the unsharded torch.nn model in this one process (no MPI)",
+    )
+    p.add_argument(
+        "--overlap",
+        default="none",
+        choices=list(OVERLAPS),
+        help="which overlap to turn on (all = OAR+ORS+OAG+data-parallel buckets)",
+    )
     p.add_argument("--prefetch-depth", type=int, default=2)
     p.add_argument("--bucket-mb", type=float, default=1.0)
-    p.add_argument("--sweep", action="store_true",
-                   help="time every --overlap setting in this launch, print a table")
-    p.add_argument("--turn", type=int, default=2,
-                   help="with --sweep: steps each setting runs before the next takes its turn")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="time every --overlap setting in this launch, print a table",
+    )
+    p.add_argument(
+        "--turn",
+        type=int,
+        default=2,
+        help="with --sweep: steps each setting runs before the next takes its turn",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--hidden", type=int, default=32)
@@ -71,16 +85,25 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per process (default 1 under MPI, torch's default alone)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                   help="where the model and its batches live (cuda: the device fourd.init chose)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per process (default 1 under MPI, torch's default alone)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where the model and its batches live (cuda: the device fourd.init chose)",
+    )
     p.add_argument("--json", default=None, help="write losses and step times here (rank 0)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
 
 # ---- model -----------------------------------------------------------------------------------
+
 
 class Par:
     """The parallel pieces a model needs; the unsharded reference uses identities."""
@@ -165,6 +188,7 @@ def batch(step, args):
 
 # ---- runs ------------------------------------------------------------------------------------
 
+
 def run_reference(args):
     torch.manual_seed(args.seed)
     model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, Par()).to(args.device)
@@ -198,8 +222,14 @@ class Trainer:
             raise SystemExit(f"--batch {args.batch}: expected a multiple of Gz*Gdata = {gz * gd}")
         self.shards = gz * gd
         torch.manual_seed(args.seed)  # same on every rank: every rank draws the same full weights
-        self.model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq,
-                         Par(fnn, tp, ps.get_y_parallel_world_size())).to(args.device)
+        self.model = GPT(
+            args.vocab,
+            args.hidden,
+            args.heads,
+            args.layers,
+            args.seq,
+            Par(fnn, tp, ps.get_y_parallel_world_size()),
+        ).to(args.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr, weight_decay=0.01)
         cfg = dict(OVERLAPS[overlap_name])
         if cfg.get("all_gather"):
@@ -208,8 +238,9 @@ class Trainer:
         # "none": no overlap object at all, the plain blocking path.
         self.ov = None
         if cfg:
-            self.ov = fnn.overlap(self.model, average=True, bucket_bytes=self.bucket,
-                                  optimizer=self.opt, **cfg).enable()
+            self.ov = fnn.overlap(
+                self.model, average=True, bucket_bytes=self.bucket, optimizer=self.opt, **cfg
+            ).enable()
         c = grid.coords()
         self.rows = args.batch // self.shards
         self.first = (c["data"] * gz + c["z"]) * self.rows
@@ -220,8 +251,8 @@ class Trainer:
         grid.barrier()  # time every step from a common start (not part of training)
         t0 = time.perf_counter()
         inp, tgt = batch(step, args)
-        inp = inp[self.first:self.first + self.rows].to(args.device)
-        tgt = tgt[self.first:self.first + self.rows].to(args.device)
+        inp = inp[self.first : self.first + self.rows].to(args.device)
+        tgt = tgt[self.first : self.first + self.rows].to(args.device)
         logits = model(inp)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
         loss.backward()
@@ -244,9 +275,13 @@ class Trainer:
         self.grid.all_reduce(tt, "world", "max")
         stats = dict(self.ov.stats) if self.ov is not None else {}
         learned = len(self.ov.learned_order or []) if self.ov is not None else None
-        return {"losses": ls.tolist(), "step_times": tt.tolist(),
-                "median_step_s": summarize(tt.tolist()), "stats": stats,
-                "linear_calls_learned": learned}
+        return {
+            "losses": ls.tolist(),
+            "step_times": tt.tolist(),
+            "median_step_s": summarize(tt.tolist()),
+            "stats": stats,
+            "linear_calls_learned": learned,
+        }
 
 
 def _sync(args):
@@ -280,8 +315,13 @@ def main(argv=None):
         losses, times = run_reference(args)
         for i, v in enumerate(losses):
             print(f"step {i:3d} loss {v:.6f}")
-        out = {"mode": "reference", "losses": losses, "step_times": times,
-               "median_step_s": summarize(times), "args": vars(args)}
+        out = {
+            "mode": "reference",
+            "losses": losses,
+            "step_times": times,
+            "median_step_s": summarize(times),
+            "args": vars(args),
+        }
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
@@ -292,8 +332,7 @@ def main(argv=None):
     try:
         import fourd  # noqa: F401
     except ImportError:  # running from a source checkout without installing
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                        "python"))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
         import fourd  # noqa: F401
     import fourd.parallel_state as ps
 
@@ -310,23 +349,35 @@ def main(argv=None):
             for i, v in enumerate(r["losses"]):
                 print(f"step {i:3d} loss {v:.6f}  {r['step_times'][i] * 1e3:8.1f} ms")
             if r["stats"] or r["linear_calls_learned"]:
-                print(f"overlap: Linear calls per step learned: {r['linear_calls_learned']}; "
-                      f"counters: {r['stats']}")
+                print(
+                    f"overlap: Linear calls per step learned: {r['linear_calls_learned']}; "
+                    f"counters: {r['stats']}"
+                )
         if me == 0:
             if args.sweep or not args.quiet:
                 base = results.get("none", {}).get("median_step_s")
-                print(f"\ngrid {shape} world {world}, {args.layers} layers, hidden {args.hidden}, "
-                      f"batch {args.batch}x{args.seq}, {args.steps} steps, "
-                      f"torch threads {torch.get_num_threads()}")
-                print(f"{'overlap':8s} {'median step (ms)':>17s} {'vs none':>8s} "
-                      f"{'final loss':>11s}")
+                print(
+                    f"\ngrid {shape} world {world}, {args.layers} layers, hidden {args.hidden}, "
+                    f"batch {args.batch}x{args.seq}, {args.steps} steps, "
+                    f"torch threads {torch.get_num_threads()}"
+                )
+                print(
+                    f"{'overlap':8s} {'median step (ms)':>17s} {'vs none':>8s} {'final loss':>11s}"
+                )
                 for name, r in results.items():
                     rel = f"{r['median_step_s'] / base:7.2f}x" if base else "      -"
-                    print(f"{name:8s} {r['median_step_s'] * 1e3:17.1f} {rel:>8s} "
-                          f"{r['losses'][-1]:11.6f}")
+                    print(
+                        f"{name:8s} {r['median_step_s'] * 1e3:17.1f} {rel:>8s} "
+                        f"{r['losses'][-1]:11.6f}"
+                    )
             if args.json:
-                out = {"mode": "4d", "grid": shape, "world": world, "results": results,
-                       "args": vars(args)}
+                out = {
+                    "mode": "4d",
+                    "grid": shape,
+                    "world": world,
+                    "results": results,
+                    "args": vars(args),
+                }
                 with open(args.json, "w") as f:
                     json.dump(out, f, indent=1)
         return results

@@ -113,9 +113,11 @@ bool overlaps(const Buffer& a, const Buffer& b) {
 void checkDevice(const Buffer& b, const char* arg) {
   if (b.device == DeviceType::kCpu) return;
 #ifndef FOURD_HAVE_CUDA
-  throw InvalidArgument(std::string(arg) + ": expected a CPU tensor (this build of fourd has no "
-                        "CUDA support; rebuild with FOURD_CUDA=ON), found a CUDA tensor on device " +
-                        std::to_string(b.deviceIndex));
+  throw InvalidArgument(
+      std::string(arg) +
+      ": expected a CPU tensor (this build of fourd has no "
+      "CUDA support; rebuild with FOURD_CUDA=ON), found a CUDA tensor on device " +
+      std::to_string(b.deviceIndex));
 #endif
 }
 
@@ -165,8 +167,9 @@ std::shared_ptr<Work> Communicator::allReduce(const Buffer& in, const Buffer& ou
                           " elements (the input's count), found " + std::to_string(out.count));
   }
   if (in.data != out.data && overlaps(in, out)) {
-    throw InvalidArgument("output: overlaps the input of an out-of-place all_reduce; pass the "
-                          "same tensor for in place, or non-overlapping tensors");
+    throw InvalidArgument(
+        "output: overlaps the input of an out-of-place all_reduce; pass the "
+        "same tensor for in place, or non-overlapping tensors");
   }
   OpSpec spec{Collective::kAllReduce, "all_reduce", in, out};
   spec.op = op;
@@ -192,8 +195,9 @@ std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& ou
   }
   const Buffer myBlock = out.slice(in.count * rank(), in.count);
   if (in.data != myBlock.data && overlaps(in, out)) {
-    throw InvalidArgument("input: overlaps the output of an out-of-place all_gather (only the "
-                          "output block of this rank may be passed as input)");
+    throw InvalidArgument(
+        "input: overlaps the output of an out-of-place all_gather (only the "
+        "output block of this rank may be passed as input)");
   }
   OpSpec spec{Collective::kAllGather, "all_gather", in, out};
   spec.opts = opts;
@@ -213,15 +217,16 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
   const size_t expect = out.count * static_cast<size_t>(size());
   if (in.count != expect) {
     throw InvalidArgument("input: expected " + std::to_string(expect) + " elements (group size " +
-                          std::to_string(size()) + " x output count " +
-                          std::to_string(out.count) + "), found " + std::to_string(in.count) +
+                          std::to_string(size()) + " x output count " + std::to_string(out.count) +
+                          "), found " + std::to_string(in.count) +
                           (in.count % size() ? " (not divisible by the group size)" : ""));
   }
   // In place, as nccl-tests lays it out: the output is this rank's block of the input.
   const bool inPlace = out.count > 0 && out.data == in.slice(out.count * rank(), out.count).data;
   if (!inPlace && overlaps(in, out)) {
-    throw InvalidArgument("output: overlaps the input of reduce_scatter; pass separate tensors, "
-                          "or this rank's block of the input for in place");
+    throw InvalidArgument(
+        "output: overlaps the input of reduce_scatter; pass separate tensors, "
+        "or this rank's block of the input for in place");
   }
   OpSpec spec{Collective::kReduceScatter, "reduce_scatter", in, out};
   spec.inPlace = inPlace;
@@ -237,7 +242,8 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
   return detail::dispatch(*state_, spec);
 }
 
-std::shared_ptr<Work> Communicator::broadcast(const Buffer& buf, int root, const CallOptions& opts) {
+std::shared_ptr<Work> Communicator::broadcast(const Buffer& buf, int root,
+                                              const CallOptions& opts) {
   checkDevice(buf, "tensor");
   if (root < 0 || root >= size()) {
     throw InvalidArgument("src: expected a group rank 0 <= src < " + std::to_string(size()) +

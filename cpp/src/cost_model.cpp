@@ -104,22 +104,32 @@ namespace fourd {
 
 const char* collectiveName(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kBroadcast: return "broadcast";
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kBroadcast:
+      return "broadcast";
   }
   return "?";
 }
 
 const char* algorithmName(Algorithm a) {
   switch (a) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kFlat: return "flat";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kRhd: return "rhd";
-    case Algorithm::kHierarchical: return "hierarchical";
-    case Algorithm::kShm: return "shm";
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kFlat:
+      return "flat";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kRhd:
+      return "rhd";
+    case Algorithm::kHierarchical:
+      return "hierarchical";
+    case Algorithm::kShm:
+      return "shm";
   }
   return "?";
 }
@@ -145,7 +155,8 @@ Collective parseCollective(const std::string& s, const char* argName) {
   if (n == "broadcast" || n == "bcast") return Collective::kBroadcast;
   throw InvalidArgument(std::string(argName) +
                         ": expected one of all_reduce, all_gather, reduce_scatter, broadcast; "
-                        "found '" + s + "'");
+                        "found '" +
+                        s + "'");
 }
 
 Algorithm parseAlgorithm(const std::string& s, const char* argName) {
@@ -157,8 +168,8 @@ Algorithm parseAlgorithm(const std::string& s, const char* argName) {
   if (n == "hierarchical" || n == "hier") return Algorithm::kHierarchical;
   if (n == "shm") return Algorithm::kShm;
   throw InvalidArgument(std::string(argName) +
-                        ": expected one of auto, flat, ring, rhd, hierarchical, shm; found '" +
-                        s + "'");
+                        ": expected one of auto, flat, ring, rhd, hierarchical, shm; found '" + s +
+                        "'");
 }
 
 // ---- the model ----------------------------------------------------------------------------
@@ -177,20 +188,20 @@ Cost better(Cost a, Cost b) { return b.seconds < a.seconds ? b : a; }
 
 /// How one group sits on the machine, with the per-message costs that follow from it.
 struct Links {
-  int p = 1;                  // ranks in the group
-  int nodes = 1;              // N
-  int k = 1;                  // group ranks per node (floor(p/N) when not uniform)
-  double alphaIntra = 0.0;    // alpha_i
-  double bwIntra = 1.0;       // Bi, reduced for a mesh when the group uses few of its links
-  double alphaInter = 0.0;    // alpha_e
-  double bwRingCross = 1.0;   // fourd's ring: one flow per node boundary, on one NIC
-  double bwLibCross = 1.0;    // the library's ring: the group's share of Be over all NICs
-  double bwRank = 1.0;        // one rank's share of Be when every rank of the node sends
-  double gamma = 0.0;         // seconds per byte reduced
-  double shmGamma = 0.0;      // the same for shm's k-input kernel
-  bool half16 = false;        // float16 / bfloat16 (the library reduces them with a user op)
+  int p = 1;                 // ranks in the group
+  int nodes = 1;             // N
+  int k = 1;                 // group ranks per node (floor(p/N) when not uniform)
+  double alphaIntra = 0.0;   // alpha_i
+  double bwIntra = 1.0;      // Bi, reduced for a mesh when the group uses few of its links
+  double alphaInter = 0.0;   // alpha_e
+  double bwRingCross = 1.0;  // fourd's ring: one flow per node boundary, on one NIC
+  double bwLibCross = 1.0;   // the library's ring: the group's share of Be over all NICs
+  double bwRank = 1.0;       // one rank's share of Be when every rank of the node sends
+  double gamma = 0.0;        // seconds per byte reduced
+  double shmGamma = 0.0;     // the same for shm's k-input kernel
+  bool half16 = false;       // float16 / bfloat16 (the library reduces them with a user op)
   double memcpyBw = 1.0;
-  double shmBw = 1.0;         // copies into / out of the shared-memory window
+  double shmBw = 1.0;  // copies into / out of the shared-memory window
 
   bool spans() const { return nodes > 1; }
   /// A pairwise step at distance d stays inside a node for every pair.
@@ -377,7 +388,8 @@ struct Level {
 Cost levelCost(const Level& lv, double n) {
   const double bytes = n * lv.fraction;
   switch (lv.kind) {
-    case Level::kScatter: return {binomialScatter(bytes, *lv.links), "binomial"};
+    case Level::kScatter:
+      return {binomialScatter(bytes, *lv.links), "binomial"};
     case Level::kBroadcastRail: {
       Cost chain = ringCost(Collective::kBroadcast, bytes, *lv.links, lv.links->bwRingCross);
       chain.note = "chain";
@@ -385,7 +397,8 @@ Cost levelCost(const Level& lv, double n) {
       vdg.note = "scatter+allgather";
       return better(chain, vdg);
     }
-    case Level::kCollective: break;
+    case Level::kCollective:
+      break;
   }
   return bestLevel(lv.collective, bytes, *lv.links);
 }
@@ -470,8 +483,7 @@ void checkShape(const GroupShape& s) {
   found << "size=" << s.size << ", nodes=" << s.nodes << ", ranksPerNode=" << s.ranksPerNode
         << ", uniform=" << (s.uniform ? "true" : "false");
   if (s.size < 1 || s.nodes < 1 || s.nodes > s.size) {
-    throw InvalidArgument("shape: expected size >= 1 and 1 <= nodes <= size; found " +
-                          found.str());
+    throw InvalidArgument("shape: expected size >= 1 and 1 <= nodes <= size; found " + found.str());
   }
   if (s.uniform && (s.ranksPerNode < 1 || s.ranksPerNode * s.nodes != s.size)) {
     throw InvalidArgument("shape: a uniform group needs size == nodes * ranksPerNode; found " +
@@ -490,7 +502,8 @@ void checkProfileFields(const MachineProfile& m) {
   };
   if (m.ranksPerNode < 1) fail("ranksPerNode", "ranks_per_node", ">= 1", m.ranksPerNode);
   if (m.nicsPerNode < 1) fail("nicsPerNode", "nics_per_node", ">= 1", m.nicsPerNode);
-  if (m.hierarchicalChunks < 1) fail("hierarchicalChunks", "hierarchical_chunks", ">= 1", m.hierarchicalChunks);
+  if (m.hierarchicalChunks < 1)
+    fail("hierarchicalChunks", "hierarchical_chunks", ">= 1", m.hierarchicalChunks);
   if (!(m.intraAlpha >= 0)) fail("intraAlpha", "intra_alpha", ">= 0 seconds", m.intraAlpha);
   if (!(m.interAlpha >= 0)) fail("interAlpha", "inter_alpha", ">= 0 seconds", m.interAlpha);
   if (!(m.intraBw > 0)) fail("intraBw", "intra_bw", "> 0 bytes/s", m.intraBw);
@@ -502,11 +515,13 @@ void checkProfileFields(const MachineProfile& m) {
     fail("flatEfficiency16", "flat_efficiency_16", ">= 0 (0: flat_efficiency)", m.flatEfficiency16);
   }
   if (!(m.shmBw >= 0)) fail("shmBw", "shm_bw", ">= 0 bytes/s (0: memcpy_bw)", m.shmBw);
-  if (!(m.reduceBw16 >= 0)) fail("reduceBw16", "reduce_bw_16", ">= 0 bytes/s (0: reduce_bw / 2)", m.reduceBw16);
+  if (!(m.reduceBw16 >= 0))
+    fail("reduceBw16", "reduce_bw_16", ">= 0 bytes/s (0: reduce_bw / 2)", m.reduceBw16);
   if (!(m.shmReduceBw16 >= 0)) {
     fail("shmReduceBw16", "shm_reduce_bw_16", ">= 0 bytes/s (0: reduce_bw_16)", m.shmReduceBw16);
   }
-  if (!(m.cacheBytes >= 0)) fail("cacheBytes", "cache_bytes", ">= 0 bytes (0: no cache tier)", m.cacheBytes);
+  if (!(m.cacheBytes >= 0))
+    fail("cacheBytes", "cache_bytes", ">= 0 bytes (0: no cache tier)", m.cacheBytes);
   if (!(m.cacheBwGain >= 1) || std::isinf(m.cacheBwGain)) {
     fail("cacheBwGain", "cache_bw_gain", "a finite ratio >= 1", m.cacheBwGain);
   }
@@ -523,7 +538,8 @@ void checkProfileFields(const MachineProfile& m) {
     check(c.groupSize >= 1, "groupSize", "group_size", ">= 1", c.groupSize);
     check(c.nodes >= 1 && c.nodes <= c.groupSize, "nodes", "nodes", "1..group_size", c.nodes);
     check(c.nbytes > 0 && !std::isinf(c.nbytes), "nbytes", "nbytes", "> 0 bytes", c.nbytes);
-    check(c.factor > 0 && !std::isinf(c.factor), "factor", "factor", "a finite ratio > 0", c.factor);
+    check(c.factor > 0 && !std::isinf(c.factor), "factor", "factor", "a finite ratio > 0",
+          c.factor);
   }
 }
 
@@ -545,8 +561,8 @@ double interpolatedCorrection(const MachineProfile& m, Collective c, Algorithm a
   const bool prefs[4][2] = {{half, inPlace}, {!half, inPlace}, {half, !inPlace}, {!half, !inPlace}};
   for (const auto& pref : prefs) {
     for (const Correction& x : m.corrections) {
-      if (x.collective != c || x.algorithm != a || x.groupSize != s.size ||
-          x.nodes != s.nodes || x.half16 != pref[0] || x.inPlace != pref[1]) {
+      if (x.collective != c || x.algorithm != a || x.groupSize != s.size || x.nodes != s.nodes ||
+          x.half16 != pref[0] || x.inPlace != pref[1]) {
         continue;
       }
       if (x.nbytes <= n) {
@@ -586,10 +602,13 @@ constexpr double kShmWindowBytes = 4.0 * (1 << 20);
 /// Bytes one rank touches: its input plus its output (nccl-tests sizes, p ranks).
 double rankWorkingSet(Collective c, double n, int p) {
   switch (c) {
-    case Collective::kAllReduce: return 2.0 * n;
+    case Collective::kAllReduce:
+      return 2.0 * n;
     case Collective::kAllGather:
-    case Collective::kReduceScatter: return n + n / p;
-    case Collective::kBroadcast: return n;
+    case Collective::kReduceScatter:
+      return n + n / p;
+    case Collective::kBroadcast:
+      return n;
   }
   return n;
 }
@@ -623,14 +642,12 @@ Links makeLinks(Collective c, size_t nbytes, const GroupShape& s, DataType dtype
   // shm pipelines every message through its window (three buffers of at most 1 MiB per rank,
   // which stay in the cache): each copy and reduction moves half its bytes between the window
   // and the private buffers, which stream like every other algorithm's.
-  const double window =
-      timeScale(m, r * std::min(rankWorkingSet(c, double(nbytes), std::max(1, L.p)),
-                                kShmWindowBytes));
+  const double window = timeScale(
+      m, r * std::min(rankWorkingSet(c, double(nbytes), std::max(1, L.p)), kShmWindowBytes));
   const double shmScale = 0.5 * (scale + window);
   L.shmBw = (m.shmBw > 0.0 ? m.shmBw : m.memcpyBw) / shmScale;
   const double shmRate16 = m.shmReduceBw16 > 0.0 ? m.shmReduceBw16 : rate16;
-  L.shmGamma = half ? 1.0 / shmRate16 + (shmScale - resident) / m.reduceBw
-                    : shmScale / m.reduceBw;
+  L.shmGamma = half ? 1.0 / shmRate16 + (shmScale - resident) / m.reduceBw : shmScale / m.reduceBw;
   return L;
 }
 
@@ -654,8 +671,8 @@ bool supportedNoThrow(Collective c, Algorithm a, const GroupShape& s, std::strin
     case Algorithm::kShm:
       if (s.nodes != 1) {
         if (reason) {
-          *reason = "the group spans " + std::to_string(s.nodes) +
-                    " nodes; shared memory needs one node";
+          *reason =
+              "the group spans " + std::to_string(s.nodes) + " nodes; shared memory needs one node";
         }
         return false;
       }
@@ -676,11 +693,16 @@ Cost concreteCost(Collective c, Algorithm a, size_t nbytes, const Links& L,
                               c != Collective::kBroadcast
                           ? m.flatEfficiency16
                           : m.flatEfficiency);
-    case Algorithm::kRing: return ringCost(c, n, L, L.bwRingCross);
-    case Algorithm::kRhd: return rhdCost(c, n, L);
-    case Algorithm::kHierarchical: return hierarchicalCost(c, n, L, m);
-    case Algorithm::kShm: return shmCost(c, n, L);
-    case Algorithm::kAuto: break;
+    case Algorithm::kRing:
+      return ringCost(c, n, L, L.bwRingCross);
+    case Algorithm::kRhd:
+      return rhdCost(c, n, L);
+    case Algorithm::kHierarchical:
+      return hierarchicalCost(c, n, L, m);
+    case Algorithm::kShm:
+      return shmCost(c, n, L);
+    case Algorithm::kAuto:
+      break;
   }
   return {kInf, "auto is not a concrete algorithm"};
 }
@@ -741,9 +763,8 @@ bool isSupported(Collective collective, Algorithm algorithm, const GroupShape& s
   return supportedNoThrow(collective, algorithm, shape, reason);
 }
 
-double correctionFactor(const MachineProfile& profile, Collective collective,
-                        Algorithm algorithm, const GroupShape& shape, DataType dtype,
-                        bool inPlace, size_t nbytes) {
+double correctionFactor(const MachineProfile& profile, Collective collective, Algorithm algorithm,
+                        const GroupShape& shape, DataType dtype, bool inPlace, size_t nbytes) {
   checkEnums(collective, algorithm);
   checkShape(shape);
   checkProfileFields(profile);

@@ -30,7 +30,8 @@ DataType parseDataType(const std::string& name, const char* argName) {
   if (n == "int64" || n == "long") return DataType::kInt64;
   throw InvalidArgument(std::string(argName) +
                         ": expected one of float32, float64, float16, bfloat16, int8, uint8, "
-                        "int32, int64; found '" + name + "'");
+                        "int32, int64; found '" +
+                        name + "'");
 }
 
 std::string toString(ReduceOp op) {
@@ -54,7 +55,8 @@ void checkOpSupported(ReduceOp op, DataType t, const char* argName) {
   if (op == ReduceOp::kAvg && !isFloating(t)) {
     throw InvalidArgument(std::string(argName) +
                           ": 'avg' needs a floating dtype (float32, float64, float16, bfloat16); "
-                          "found dtype " + toString(t) + " (use 'sum' and divide yourself)");
+                          "found dtype " +
+                          toString(t) + " (use 'sum' and divide yourself)");
   }
 }
 

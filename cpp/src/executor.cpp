@@ -26,8 +26,10 @@ Executor::~Executor() {
   cv_.notify_all();
   lk.unlock();
   if (thread_.joinable()) {
-    if (idle) thread_.join();
-    else thread_.detach();  // only reached when the owner chose to leak a stuck communicator
+    if (idle)
+      thread_.join();
+    else
+      thread_.detach();  // only reached when the owner chose to leak a stuck communicator
   }
 }
 

@@ -67,12 +67,12 @@ std::array<int, kNumAxes> validated(const GridConfig& c, int worldSize, std::str
     *err = e.what();
   }
   if (c.ranksPerNode < 0) {
-    *err = "ranks_per_node: expected None or an integer >= 1, found " +
-           std::to_string(c.ranksPerNode);
+    *err =
+        "ranks_per_node: expected None or an integer >= 1, found " + std::to_string(c.ranksPerNode);
   }
   if (!(c.timeoutSeconds > 0)) {
-    *err = "timeout: expected a positive number of seconds, found " +
-           std::to_string(c.timeoutSeconds);
+    *err =
+        "timeout: expected a positive number of seconds, found " + std::to_string(c.timeoutSeconds);
   }
   return c.sizes;
 }
@@ -108,7 +108,8 @@ void agreeOnConfig(const GridConfig& config, int worldRank, int worldSize, detai
                 err.empty() ? "ok" : "invalid");
   std::vector<char> all(kFingerprintBytes * worldSize);
   world.allGatherBytes(mine, kFingerprintBytes, all.data(), ctx);
-  if (!err.empty()) throw InvalidArgument(err + " (on world rank " + std::to_string(worldRank) + ")");
+  if (!err.empty())
+    throw InvalidArgument(err + " (on world rank " + std::to_string(worldRank) + ")");
   std::vector<int> bad;
   for (int r = 0; r < worldSize; ++r)
     if (std::strncmp(&all[r * kFingerprintBytes], mine, kFingerprintBytes) != 0) bad.push_back(r);
@@ -170,15 +171,15 @@ std::vector<std::string> gatherHostNames(int worldSize, detail::Backend& world, 
 }  // namespace
 
 Grid::Grid(MPI_Comm parent, const GridConfig& config)
-    : config_(config),
-      grid_({1, 1, 1, 1}, {Axis::kX, Axis::kY, Axis::kZ, Axis::kData}) {
+    : config_(config), grid_({1, 1, 1, 1}, {Axis::kX, Axis::kY, Axis::kZ, Axis::kData}) {
   checkMpiReady();
   int worldSize = 0;
   checkMpi(MPI_Comm_size(parent, &worldSize), "MPI_Comm_size");
   checkMpi(MPI_Comm_rank(parent, &worldRank_), "MPI_Comm_rank");
   std::vector<int> identity(worldSize);
   for (int i = 0; i < worldSize; ++i) identity[i] = i;
-  OpContext ctx = initContext(config_.timeoutSeconds > 0 ? config_.timeoutSeconds : 300.0, &identity);
+  OpContext ctx =
+      initContext(config_.timeoutSeconds > 0 ? config_.timeoutSeconds : 300.0, &identity);
 
   // Our own duplicate, so fourd's traffic never mixes with the user's (non-blocking, so a rank
   // that never calls init makes the others time out instead of hanging).
@@ -197,9 +198,9 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
 
   // The ranks that share this machine: how waits poll, and (without virtual nodes) the nodes.
   MPI_Comm nodeHandle;
-  checkMpi(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL,
-                               &nodeHandle),
-           "MPI_Comm_split_type");
+  checkMpi(
+      MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &nodeHandle),
+      "MPI_Comm_split_type");
   auto node = detail::makeMpiBackend(nodeHandle, true, {});
   setPolling(node->size());
   topology_ = std::make_unique<Topology>(
@@ -229,7 +230,8 @@ void Grid::checkMpiReady() {
   if (provided < MPI_THREAD_MULTIPLE) {
     throw Error(
         "fourd: needs MPI_THREAD_MULTIPLE (its progress threads call MPI), but MPI was "
-        "initialised with thread level " + std::to_string(provided) +
+        "initialised with thread level " +
+        std::to_string(provided) +
         ". With mpi4py keep the default mpi4py.rc.thread_level = 'multiple'; in C++ call "
         "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...).");
   }
@@ -239,9 +241,9 @@ void Grid::checkMpiReady() {
 void Grid::makeCommunicators() {
   for (AxisMask m = 1; m <= kWorldMask; ++m) {
     MPI_Comm c;
-    checkMpi(MPI_Comm_split(world_, grid_.groupColor(worldRank_, m),
-                            grid_.groupRank(worldRank_, m), &c),
-             "MPI_Comm_split");
+    checkMpi(
+        MPI_Comm_split(world_, grid_.groupColor(worldRank_, m), grid_.groupRank(worldRank_, m), &c),
+        "MPI_Comm_split");
     auto ranks = grid_.groupRanks(worldRank_, m);
     auto topo = topology_->group(ranks);
     auto group = std::make_unique<detail::Group>(
@@ -282,7 +284,8 @@ bool Grid::finalize(double timeoutSeconds) noexcept {
   const auto deadline = detail::deadlineAfter(Clock::now(), timeoutSeconds);
   for (auto& c : comms_) {
     if (!c) continue;
-    const double left = std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
+    const double left =
+        std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
     if (!c->drain(left)) {
       ok = false;
       // An operation is still running on its progress thread: leak the communicator rather

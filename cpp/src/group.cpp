@@ -9,7 +9,9 @@ namespace fourd::detail {
 
 Group::Group(std::string name, std::unique_ptr<Backend> backend, GroupTopology topology,
              const std::shared_ptr<const MachineProfile>* profile)
-    : name_(std::move(name)), backend_(std::move(backend)), topology_(std::move(topology)),
+    : name_(std::move(name)),
+      backend_(std::move(backend)),
+      topology_(std::move(topology)),
       profile_(profile) {}
 
 Group::~Group() {
@@ -66,8 +68,8 @@ Group& Group::rail(OpContext& ctx) {
     const int me = rank();
     auto b = backend_->split(topology_.localIndex[me], topology_.nodeIndex[me], ctx);
     const int n = b->size();
-    rail_ = std::make_unique<Group>(name_ + " (rail level)", std::move(b),
-                                    levelTopology(n, false), profile_);
+    rail_ = std::make_unique<Group>(name_ + " (rail level)", std::move(b), levelTopology(n, false),
+                                    profile_);
   }
   return *rail_;
 }

@@ -12,11 +12,11 @@ namespace fourd::detail {
 
 Clock::time_point deadlineAfter(Clock::time_point start, double seconds) noexcept {
   // Compare in seconds before converting: duration_cast of 1e10 s to nanoseconds overflows.
-  const double room =
-      std::chrono::duration<double>(Clock::time_point::max() - start).count() * 0.5;
+  const double room = std::chrono::duration<double>(Clock::time_point::max() - start).count() * 0.5;
   if (!(seconds < room)) return Clock::time_point::max();
   if (!(seconds > 0)) return start;
-  return start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return start +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 std::string OpContext::describe() const {

@@ -44,8 +44,8 @@ Fingerprint fingerprintOf(const CommState& s, const OpSpec& spec) {
   Fingerprint f{};
   std::snprintf(f.op, sizeof(f.op), "%s", spec.opName);
   f.mask = s.mask;
-  f.dtype = static_cast<int32_t>(spec.coll == Collective::kBroadcast ? spec.out.dtype
-                                                                     : spec.in.dtype);
+  f.dtype =
+      static_cast<int32_t>(spec.coll == Collective::kBroadcast ? spec.out.dtype : spec.in.dtype);
   f.redop = spec.hasOp ? static_cast<int32_t>(spec.op) : -1;
   f.root = spec.root;
   f.algorithm = static_cast<int32_t>(spec.algorithm);
@@ -96,8 +96,10 @@ void runWidened(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
   Buffer win(wi, in.count, DataType::kFloat32);
   Buffer wout(in.data == out.data && spec.coll == Collective::kAllReduce ? wi : wo, out.count,
               DataType::kFloat32);
-  if (spec.coll == Collective::kAllReduce) impl->allReduce(g, win, wout, spec.op, ctx);
-  else impl->reduceScatter(g, win, wout, spec.op, ctx);
+  if (spec.coll == Collective::kAllReduce)
+    impl->allReduce(g, win, wout, spec.op, ctx);
+  else
+    impl->reduceScatter(g, win, wout, spec.op, ctx);
   if (spec.op == ReduceOp::kAvg) scaleInPlace(wout.data, wout.count, wout.dtype, 1.0 / g.size());
   fromFloat32(out.data, static_cast<float*>(wout.data), out.count, out.dtype);
 }
@@ -119,10 +121,17 @@ void runAlgorithm(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
   // then copies the block over this rank's part of the input (which is no longer read).
   if (spec.inPlace) out.data = g.scratch(4, out.bytes());
   switch (spec.coll) {
-    case Collective::kAllReduce: impl->allReduce(g, in, out, spec.op, ctx); break;
-    case Collective::kAllGather: impl->allGather(g, in, out, ctx); break;
-    case Collective::kReduceScatter: impl->reduceScatter(g, in, out, spec.op, ctx); break;
-    default: break;
+    case Collective::kAllReduce:
+      impl->allReduce(g, in, out, spec.op, ctx);
+      break;
+    case Collective::kAllGather:
+      impl->allGather(g, in, out, ctx);
+      break;
+    case Collective::kReduceScatter:
+      impl->reduceScatter(g, in, out, spec.op, ctx);
+      break;
+    default:
+      break;
   }
   if (spec.hasOp && spec.op == ReduceOp::kAvg) g.backend().scale(out, 1.0 / g.size());
   if (spec.inPlace) g.backend().copy(spec.out.data, out.data, out.bytes());
@@ -165,9 +174,9 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
 
 [[noreturn]] void refusePoisoned(CommState& s, const char* opName) {
   std::lock_guard<std::mutex> lk(s.poisonMu);
-  throw AbortedError("fourd: " + std::string(opName) + " on axis '" + s.name +
-                     "' refused: the communicator is poisoned by an earlier failure: " +
-                     s.poisonReason);
+  throw AbortedError(
+      "fourd: " + std::string(opName) + " on axis '" + s.name +
+      "' refused: the communicator is poisoned by an earlier failure: " + s.poisonReason);
 }
 
 OpContext contextOf(CommState& s, const OpSpec& spec) {
@@ -195,8 +204,10 @@ void runBody(CommState& s, const OpSpec& spec, OpContext& ctx) {
     return runDeviceOp(s, spec, ctx);
   }
 #endif
-  if (spec.algorithm == Algorithm::kAuto) runTuned(s, spec, ctx);
-  else runAlgorithm(*s.host, spec, spec.algorithm, ctx);
+  if (spec.algorithm == Algorithm::kAuto)
+    runTuned(s, spec, ctx);
+  else
+    runAlgorithm(*s.host, spec, spec.algorithm, ctx);
 }
 
 void runOp(CommState& s, const OpSpec& spec) {

@@ -8,10 +8,14 @@ namespace fourd {
 
 const char* axisName(Axis a) {
   switch (a) {
-    case Axis::kX: return "x";
-    case Axis::kY: return "y";
-    case Axis::kZ: return "z";
-    case Axis::kData: return "data";
+    case Axis::kX:
+      return "x";
+    case Axis::kY:
+      return "y";
+    case Axis::kZ:
+      return "z";
+    case Axis::kData:
+      return "data";
   }
   return "?";
 }
@@ -30,11 +34,16 @@ std::string maskName(AxisMask m) {
 }
 
 static bool parseOneAxis(const std::string& s, Axis* out) {
-  if (s == "x") *out = Axis::kX;
-  else if (s == "y") *out = Axis::kY;
-  else if (s == "z") *out = Axis::kZ;
-  else if (s == "data") *out = Axis::kData;
-  else return false;
+  if (s == "x")
+    *out = Axis::kX;
+  else if (s == "y")
+    *out = Axis::kY;
+  else if (s == "z")
+    *out = Axis::kZ;
+  else if (s == "data")
+    *out = Axis::kData;
+  else
+    return false;
   return true;
 }
 
@@ -49,11 +58,12 @@ AxisMask parseAxisMask(const std::string& s, const char* argName) {
     if (!parseOneAxis(tok, &a)) {
       throw InvalidArgument(std::string(argName) +
                             ": expected 'x', 'y', 'z', 'data', 'world' or a combination such "
-                            "as 'z+data'; found '" + s + "'");
+                            "as 'z+data'; found '" +
+                            s + "'");
     }
     if (m & maskOf(a)) {
-      throw InvalidArgument(std::string(argName) + ": axis '" + tok + "' appears twice in '" +
-                            s + "'");
+      throw InvalidArgument(std::string(argName) + ": axis '" + tok + "' appears twice in '" + s +
+                            "'");
     }
     m |= maskOf(a);
     if (p == std::string::npos) break;
@@ -120,8 +130,8 @@ std::string ProcessGrid::orderName(const std::array<Axis, kNumAxes>& order) {
 
 std::array<int, kNumAxes> ProcessGrid::coords(int worldRank) const {
   if (worldRank < 0 || worldRank >= worldSize_) {
-    throw InvalidArgument("rank: expected 0 <= rank < " + std::to_string(worldSize_) +
-                          ", found " + std::to_string(worldRank));
+    throw InvalidArgument("rank: expected 0 <= rank < " + std::to_string(worldSize_) + ", found " +
+                          std::to_string(worldRank));
   }
   std::array<int, kNumAxes> c{};
   for (int i = 0; i < kNumAxes; ++i) c[i] = (worldRank / strides_[i]) % sizes_[i];
@@ -132,9 +142,8 @@ int ProcessGrid::rankOf(const std::array<int, kNumAxes>& c) const {
   int r = 0;
   for (int i = 0; i < kNumAxes; ++i) {
     if (c[i] < 0 || c[i] >= sizes_[i]) {
-      throw InvalidArgument(std::string("coords: expected 0 <= ") +
-                            axisName(static_cast<Axis>(i)) + " < " + std::to_string(sizes_[i]) +
-                            ", found " + std::to_string(c[i]));
+      throw InvalidArgument(std::string("coords: expected 0 <= ") + axisName(static_cast<Axis>(i)) +
+                            " < " + std::to_string(sizes_[i]) + ", found " + std::to_string(c[i]));
     }
     r += c[i] * strides_[i];
   }

@@ -142,11 +142,17 @@ FOURD_CLONES void binaryNative(void* dstV, const void* aV, const void* bV, size_
 
 template <bool IsBf16>
 FOURD_INLINE float load16(uint16_t h) {
-  if constexpr (IsBf16) return bf16ToF(h); else return halfToF(h);
+  if constexpr (IsBf16)
+    return bf16ToF(h);
+  else
+    return halfToF(h);
 }
 template <bool IsBf16>
 FOURD_INLINE uint16_t store16(float f) {
-  if constexpr (IsBf16) return fToBf16(f); else return fToHalf(f);
+  if constexpr (IsBf16)
+    return fToBf16(f);
+  else
+    return fToHalf(f);
 }
 
 template <bool IsBf16, ReduceOp Op>
@@ -163,14 +169,22 @@ using BinaryFn = void (*)(void*, const void*, const void*, size_t);
 template <ReduceOp Op>
 BinaryFn pickBinary(DataType t) {
   switch (t) {
-    case DataType::kFloat32: return binaryNative<float, Op>;
-    case DataType::kFloat64: return binaryNative<double, Op>;
-    case DataType::kFloat16: return binary16<false, Op>;
-    case DataType::kBFloat16: return binary16<true, Op>;
-    case DataType::kInt8: return binaryNative<int8_t, Op>;
-    case DataType::kUInt8: return binaryNative<uint8_t, Op>;
-    case DataType::kInt32: return binaryNative<int32_t, Op>;
-    case DataType::kInt64: return binaryNative<int64_t, Op>;
+    case DataType::kFloat32:
+      return binaryNative<float, Op>;
+    case DataType::kFloat64:
+      return binaryNative<double, Op>;
+    case DataType::kFloat16:
+      return binary16<false, Op>;
+    case DataType::kBFloat16:
+      return binary16<true, Op>;
+    case DataType::kInt8:
+      return binaryNative<int8_t, Op>;
+    case DataType::kUInt8:
+      return binaryNative<uint8_t, Op>;
+    case DataType::kInt32:
+      return binaryNative<int32_t, Op>;
+    case DataType::kInt64:
+      return binaryNative<int64_t, Op>;
   }
   throw InvalidArgument("dtype: unknown data type");
 }
@@ -178,10 +192,14 @@ BinaryFn pickBinary(DataType t) {
 BinaryFn binaryFor(DataType t, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return pickBinary<ReduceOp::kSum>(t);
-    case ReduceOp::kProd: return pickBinary<ReduceOp::kProd>(t);
-    case ReduceOp::kMin: return pickBinary<ReduceOp::kMin>(t);
-    case ReduceOp::kMax: return pickBinary<ReduceOp::kMax>(t);
+    case ReduceOp::kAvg:
+      return pickBinary<ReduceOp::kSum>(t);
+    case ReduceOp::kProd:
+      return pickBinary<ReduceOp::kProd>(t);
+    case ReduceOp::kMin:
+      return pickBinary<ReduceOp::kMin>(t);
+    case ReduceOp::kMax:
+      return pickBinary<ReduceOp::kMax>(t);
   }
   throw InvalidArgument("op: unknown reduce op");
 }
@@ -207,8 +225,10 @@ FOURD_CLONES void many16(void* dstV, const void* const* srcs, int n, size_t coun
 
 template <ReduceOp Op>
 void many16Dispatch(DataType t, void* dst, const void* const* srcs, int n, size_t count) {
-  if (t == DataType::kBFloat16) many16<true, Op>(dst, srcs, n, count);
-  else many16<false, Op>(dst, srcs, n, count);
+  if (t == DataType::kBFloat16)
+    many16<true, Op>(dst, srcs, n, count);
+  else
+    many16<false, Op>(dst, srcs, n, count);
 }
 
 }  // namespace
@@ -238,10 +258,14 @@ void reduceMany(void* dst, const void* const* srcs, int n, size_t count, DataTyp
   if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: return many16Dispatch<ReduceOp::kSum>(dtype, dst, srcs, n, count);
-      case ReduceOp::kProd: return many16Dispatch<ReduceOp::kProd>(dtype, dst, srcs, n, count);
-      case ReduceOp::kMin: return many16Dispatch<ReduceOp::kMin>(dtype, dst, srcs, n, count);
-      case ReduceOp::kMax: return many16Dispatch<ReduceOp::kMax>(dtype, dst, srcs, n, count);
+      case ReduceOp::kAvg:
+        return many16Dispatch<ReduceOp::kSum>(dtype, dst, srcs, n, count);
+      case ReduceOp::kProd:
+        return many16Dispatch<ReduceOp::kProd>(dtype, dst, srcs, n, count);
+      case ReduceOp::kMin:
+        return many16Dispatch<ReduceOp::kMin>(dtype, dst, srcs, n, count);
+      case ReduceOp::kMax:
+        return many16Dispatch<ReduceOp::kMax>(dtype, dst, srcs, n, count);
     }
   }
   // Native types: pairwise in cache-sized tiles so dst stays hot. The first step writes dst

@@ -40,8 +40,8 @@ void Selector::checkRuns(const CallShape& call, Algorithm a, const Group& runsOn
   std::string why;
   if (!impl->supports(call.collective, runsOn, &why)) {
     throw InvalidArgument(std::string("algorithm: '") + algorithmName(a) + "' cannot run " +
-                          collectiveName(call.collective) + " on axis '" + group_.name() +
-                          "' (" + runsOn.topology().describe() + "): " + why);
+                          collectiveName(call.collective) + " on axis '" + group_.name() + "' (" +
+                          runsOn.topology().describe() + "): " + why);
   }
 }
 
@@ -74,8 +74,7 @@ Algorithm Selector::deviceChoice(const CallShape& call, const Group& runsOn) con
                                                             : Algorithm::kFlat;
 }
 
-Algorithm Selector::select(const CallShape& call, Algorithm requested,
-                           const Group& runsOn) const {
+Algorithm Selector::select(const CallShape& call, Algorithm requested, const Group& runsOn) const {
   if (call.collective == Collective::kBroadcast) return Algorithm::kFlat;
   if (requested == Algorithm::kAuto) requested = defaultAlgorithm();
   const bool host = call.device == DeviceType::kCpu;
@@ -157,8 +156,7 @@ Explanation Selector::explain(const CallShape& call, const Group& runsOn) const 
 std::vector<Algorithm> Selector::shortlist(
     const CallShape& call, const std::shared_ptr<const MachineProfile>& profile) const {
   const GroupShape shape = group_.shape();
-  auto preds =
-      candidates(call.collective, call.nbytes, call.dtype, shape, *profile, call.inPlace);
+  auto preds = candidates(call.collective, call.nbytes, call.dtype, shape, *profile, call.inPlace);
   for (auto& p : preds) p.supported = p.supported && algorithmImpl(p.algorithm);
   Algorithm model =
       fourd::choose(call.collective, call.nbytes, call.dtype, shape, *profile, call.inPlace);

@@ -17,8 +17,9 @@ std::vector<Algorithm> Tuner::shortlist(const std::vector<Prediction>& preds, Al
     if (everyone || p.seconds <= kWindow * base) rivals.push_back(&p);
   }
   // Stable: equal predictions keep enum order, the same on every rank.
-  std::stable_sort(rivals.begin(), rivals.end(),
-                   [](const Prediction* a, const Prediction* b) { return a->seconds < b->seconds; });
+  std::stable_sort(rivals.begin(), rivals.end(), [](const Prediction* a, const Prediction* b) {
+    return a->seconds < b->seconds;
+  });
   std::vector<Algorithm> out{model};
   for (const auto* p : rivals) {
     if (static_cast<int>(out.size()) >= kMaxCandidates) break;
@@ -163,8 +164,8 @@ Tuner::Report Tuner::report(const Key& key,
   r.candidates = e.cands;
   r.seconds = e.seconds;
   r.settled = e.settled;
-  r.exploreCalls = e.cands.size() <= 1 ? 0
-                   : kPasses * static_cast<int>(e.cands.size()) * (e.warm + e.timed);
+  r.exploreCalls =
+      e.cands.size() <= 1 ? 0 : kPasses * static_cast<int>(e.cands.size()) * (e.warm + e.timed);
   r.recheckGap = kRecheckGap * r.exploreCalls;
   if (e.cands.size() <= 1) {
     r.state = "single";

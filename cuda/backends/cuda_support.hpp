@@ -99,8 +99,7 @@ inline void waitEvent(cudaEvent_t ev, const char* what, OpContext& ctx,
     if (expired) {
       if (onExpiry) onExpiry();
       throw TimeoutError("fourd: " + ctx.describe() + " timed out after " +
-                         std::to_string(ctx.elapsed()) + " s waiting for " + what +
-                         " on the GPU");
+                         std::to_string(ctx.elapsed()) + " s waiting for " + what + " on the GPU");
     }
     backoff.pause();
   }

@@ -23,7 +23,6 @@ namespace fourd::detail {
 std::unique_ptr<Backend> makeNcclBackend(std::unique_ptr<Backend> host, cudaStream_t stream,
                                          int device, OpContext& ctx);
 std::unique_ptr<Backend> makeStagingBackend(std::unique_ptr<Backend> host, cudaStream_t stream);
-std::unique_ptr<Backend> makeDirectMpiBackend(std::unique_ptr<Backend> host,
-                                              cudaStream_t stream);
+std::unique_ptr<Backend> makeDirectMpiBackend(std::unique_ptr<Backend> host, cudaStream_t stream);
 
 }  // namespace fourd::detail

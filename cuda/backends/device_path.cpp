@@ -23,8 +23,8 @@ namespace fourd::detail {
 
 struct DeviceState {
   int device = -1;
-  std::string why;              // why this backend, for messages
-  bool hostWaits = false;       // the backend reads device memory outside the stream
+  std::string why;         // why this backend, for messages
+  bool hostWaits = false;  // the backend reads device memory outside the stream
   cudaStream_t stream = nullptr;
   std::unique_ptr<Group> group;   // NCCL, direct MPI or staged
   std::unique_ptr<Group> staged;  // with direct MPI: what that library cannot reduce on GPUs
@@ -102,8 +102,10 @@ void decide(CommState& s, DeviceState& d, OpContext& ctx) {
       shared = shared || std::memcmp(all[i].uuid, all[j].uuid, sizeof(all[i].uuid)) == 0;
   }
   if (want == "nccl" && shared) {
-    throw InvalidArgument("FOURD_CUDA_BACKEND=nccl: NCCL needs one GPU per rank, but ranks of "
-                          "axis '" + s.name + "' share a GPU");
+    throw InvalidArgument(
+        "FOURD_CUDA_BACKEND=nccl: NCCL needs one GPU per rank, but ranks of "
+        "axis '" +
+        s.name + "' share a GPU");
   }
   checkCuda(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking),
             "cudaStreamCreateWithFlags");
@@ -133,8 +135,10 @@ DeviceState& stateFor(CommState& s, int device, OpContext& ctx) {
   }
   if (device != s.device->device) {
     throw InvalidArgument("tensor: axis '" + s.name + "' runs its CUDA collectives on cuda:" +
-                          std::to_string(s.device->device) + " (its first CUDA call), found a "
-                          "tensor on cuda:" + std::to_string(device));
+                          std::to_string(s.device->device) +
+                          " (its first CUDA call), found a "
+                          "tensor on cuda:" +
+                          std::to_string(device));
   }
   return *s.device;
 }

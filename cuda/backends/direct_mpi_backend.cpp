@@ -70,8 +70,7 @@ class DirectMpiBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> makeDirectMpiBackend(std::unique_ptr<Backend> host,
-                                              cudaStream_t stream) {
+std::unique_ptr<Backend> makeDirectMpiBackend(std::unique_ptr<Backend> host, cudaStream_t stream) {
   return std::make_unique<DirectMpiBackend>(std::move(host), stream);
 }
 

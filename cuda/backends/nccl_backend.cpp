@@ -24,14 +24,22 @@ namespace {
 
 ncclDataType_t ncclType(DataType t) {
   switch (t) {
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kFloat64: return ncclFloat64;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kBFloat16: return ncclBfloat16;
-    case DataType::kInt8: return ncclInt8;
-    case DataType::kUInt8: return ncclUint8;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kInt64: return ncclInt64;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kUInt8:
+      return ncclUint8;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
   }
   throw InvalidArgument("dtype: unknown fourd dtype code " + std::to_string(static_cast<int>(t)));
 }
@@ -39,10 +47,14 @@ ncclDataType_t ncclType(DataType t) {
 ncclRedOp_t ncclOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return ncclSum;
-    case ReduceOp::kProd: return ncclProd;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kAvg:
+      return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   throw InvalidArgument("op: unknown fourd op code " + std::to_string(static_cast<int>(op)));
 }

@@ -68,17 +68,16 @@ class PinnedPool {
 struct Step {
   enum Stage { kToHost, kReady, kRunning, kToDevice, kDone };
   Stage stage = kToHost;
-  std::unique_ptr<Event> ev;                 // end of the copy in flight
-  std::function<void(Requests&)> post;       // the host operation on the pinned buffers
-  std::function<void()> back;                // enqueues the copies back (may be empty)
-  std::vector<std::shared_ptr<char>> keep;   // the pinned buffers
-  size_t begin = 0, end = 0;                 // its requests in the host set
+  std::unique_ptr<Event> ev;                // end of the copy in flight
+  std::function<void(Requests&)> post;      // the host operation on the pinned buffers
+  std::function<void()> back;               // enqueues the copies back (may be empty)
+  std::vector<std::shared_ptr<char>> keep;  // the pinned buffers
+  size_t begin = 0, end = 0;                // its requests in the host set
 };
 
 class StagingRequests final : public Requests {
  public:
-  StagingRequests(Backend& host, cudaStream_t stream)
-      : host_(host.requests()), stream_(stream) {}
+  StagingRequests(Backend& host, cudaStream_t stream) : host_(host.requests()), stream_(stream) {}
 
   size_t size() const noexcept override { return steps_.size(); }
   Step& add() {
@@ -102,10 +101,10 @@ class StagingRequests final : public Requests {
         std::vector<int> peers = pendingPeers(begin, end);
         std::string who;
         for (size_t i = 0; i < peers.size(); ++i) who += (i ? ", " : "") + std::to_string(peers[i]);
-        throw TimeoutError("fourd: " + ctx.describe() + " timed out after " +
-                           std::to_string(ctx.elapsed()) + " s (timeout " +
-                           std::to_string(ctx.timeoutSeconds) + " s) in a host-staged step" +
-                           (who.empty() ? "" : "; peers that never arrived: world ranks [" + who + "]"));
+        throw TimeoutError(
+            "fourd: " + ctx.describe() + " timed out after " + std::to_string(ctx.elapsed()) +
+            " s (timeout " + std::to_string(ctx.timeoutSeconds) + " s) in a host-staged step" +
+            (who.empty() ? "" : "; peers that never arrived: world ranks [" + who + "]"));
       }
       backoff.pause();
     }
@@ -264,8 +263,8 @@ class StagingBackend final : public Backend {
     size_t off = 0;
     for (const Buffer& b : inputs) {
       if (b.bytes()) {
-        checkCuda(cudaMemcpyAsync(s.keep[0].get() + off, b.data, b.bytes(),
-                                  cudaMemcpyDeviceToHost, stream_),
+        checkCuda(cudaMemcpyAsync(s.keep[0].get() + off, b.data, b.bytes(), cudaMemcpyDeviceToHost,
+                                  stream_),
                   "cudaMemcpyAsync (to the host)");
       }
       off += b.bytes();

@@ -6,12 +6,12 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <type_traits>
-#include <variant>
 #include <chrono>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "bindings.hpp"
@@ -47,7 +47,8 @@ std::vector<fourd::Correction> correctionsFrom(const py::object& seq) {
   for (const py::handle item : seq) {
     const std::string at = "corrections[" + std::to_string(i++) + "]";
     if (!py::isinstance<py::dict>(item)) {
-      throw fourd::InvalidArgument(at + ": expected a dict with collective, algorithm, "
+      throw fourd::InvalidArgument(at +
+                                   ": expected a dict with collective, algorithm, "
                                    "group_size, nodes, half16, in_place, nbytes, factor");
     }
     const auto d = py::reinterpret_borrow<py::dict>(item);
@@ -56,10 +57,10 @@ std::vector<fourd::Correction> correctionsFrom(const py::object& seq) {
       return d[key];
     };
     fourd::Correction c;
-    c.collective = fourd::parseCollective(get("collective").cast<std::string>(),
-                                          (at + ".collective").c_str());
-    c.algorithm = fourd::parseAlgorithm(get("algorithm").cast<std::string>(),
-                                        (at + ".algorithm").c_str());
+    c.collective =
+        fourd::parseCollective(get("collective").cast<std::string>(), (at + ".collective").c_str());
+    c.algorithm =
+        fourd::parseAlgorithm(get("algorithm").cast<std::string>(), (at + ".algorithm").c_str());
     if (c.algorithm == fourd::Algorithm::kAuto) {
       throw fourd::InvalidArgument(at + ".algorithm: expected a concrete algorithm, found 'auto'");
     }
@@ -99,7 +100,8 @@ double reduceKernelSeconds(const std::string& dtypeName, long long nbytes, int i
   if (inputs < 2 || reps < 1 || (!many && inputs != 2)) {
     throw fourd::InvalidArgument(
         "inputs, reps: expected reps >= 1 and inputs == 2 (pairwise) or >= 2 (many=True); "
-        "found inputs=" + std::to_string(inputs) + ", reps=" + std::to_string(reps));
+        "found inputs=" +
+        std::to_string(inputs) + ", reps=" + std::to_string(reps));
   }
   const size_t count = bytes / es;
   std::vector<std::vector<char>> in(static_cast<size_t>(inputs), std::vector<char>(count * es));
@@ -119,8 +121,8 @@ double reduceKernelSeconds(const std::string& dtypeName, long long nbytes, int i
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     once();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                              .count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -147,10 +149,12 @@ void setField(MachineProfile& p, const fourd::ProfileField& f, const py::handle&
         if constexpr (std::is_same_v<T, std::vector<fourd::Correction>>) {
           p.*member = correctionsFrom(py::reinterpret_borrow<py::object>(v));
         } else {
-          const bool numberForString = std::is_same_v<T, std::string> && !py::isinstance<py::str>(v);
+          const bool numberForString =
+              std::is_same_v<T, std::string> && !py::isinstance<py::str>(v);
           const bool badBool = std::is_same_v<T, bool> && !py::isinstance<py::bool_>(v) &&
                                !py::isinstance<py::int_>(v);
-          const bool stringForNumber = !std::is_same_v<T, std::string> && py::isinstance<py::str>(v);
+          const bool stringForNumber =
+              !std::is_same_v<T, std::string> && py::isinstance<py::str>(v);
           if (numberForString || badBool || stringForNumber) {
             throw fourd::InvalidArgument(std::string("profile.") + f.name + ": expected " +
                                          (std::is_same_v<T, std::string> ? "a string"
@@ -173,7 +177,8 @@ const fourd::ProfileField& fieldNamed(const std::string& name) {
   for (const auto& f : fourd::profileFields())
     if (name == f.name) return f;
   std::string known;
-  for (const auto& f : fourd::profileFields()) known += std::string(known.empty() ? "" : ", ") + f.name;
+  for (const auto& f : fourd::profileFields())
+    known += std::string(known.empty() ? "" : ", ") + f.name;
   throw fourd::InvalidArgument("profile: unknown field '" + name + "'; expected one of " + known);
 }
 
@@ -215,30 +220,34 @@ void bindProfile(py::module_& m) {
         [fp](MachineProfile& p, const py::object& v) { setField(p, *fp, v); }, f.doc);
   }
   cls.attr("FIELDS") = py::tuple(names);
-  cls.def("to_dict", [](const MachineProfile& p) {
-    py::dict d;
-    for (const auto& f : fourd::profileFields()) d[f.name] = getField(p, f);
-    return d;
-  }, "Every field as a plain dict (corrections as a list of dicts).");
+  cls.def(
+      "to_dict",
+      [](const MachineProfile& p) {
+        py::dict d;
+        for (const auto& f : fourd::profileFields()) d[f.name] = getField(p, f);
+        return d;
+      },
+      "Every field as a plain dict (corrections as a list of dicts).");
   cls.def("check", &fourd::checkProfile,
           "Raises InvalidArgumentError naming the first field out of its range.");
   cls.def("node_injection_bw", &MachineProfile::nodeInjectionBw, "nic_bw * nics_per_node, B/s");
   cls.def("__repr__", &profileRepr);
-  cls.def(py::pickle([](const MachineProfile& p) {
-    py::dict d;
-    for (const auto& f : fourd::profileFields()) d[f.name] = getField(p, f);
-    return d;
-  }, [](const py::dict& d) {
-    MachineProfile p;
-    for (auto item : d) setField(p, fieldNamed(py::str(item.first)), item.second);
-    return p;
-  }));
+  cls.def(py::pickle(
+      [](const MachineProfile& p) {
+        py::dict d;
+        for (const auto& f : fourd::profileFields()) d[f.name] = getField(p, f);
+        return d;
+      },
+      [](const py::dict& d) {
+        MachineProfile p;
+        for (auto item : d) setField(p, fieldNamed(py::str(item.first)), item.second);
+        return p;
+      }));
 }
 
 }  // namespace
 
 static void bindModelTypes(py::module_& m) {
-
   bindProfile(m);
 
   py::class_<GroupShape>(m, "GroupShape",
@@ -254,8 +263,8 @@ static void bindModelTypes(py::module_& m) {
       .def_readwrite("ranks_per_node", &GroupShape::ranksPerNode)
       .def_readwrite("uniform", &GroupShape::uniform)
       .def("__repr__", [](const GroupShape& s) {
-        return "GroupShape(size=" + std::to_string(s.size) + ", nodes=" +
-               std::to_string(s.nodes) + ", ranks_per_node=" + std::to_string(s.ranksPerNode) +
+        return "GroupShape(size=" + std::to_string(s.size) + ", nodes=" + std::to_string(s.nodes) +
+               ", ranks_per_node=" + std::to_string(s.ranksPerNode) +
                ", uniform=" + (s.uniform ? "True" : "False") + ")";
       });
 
@@ -273,7 +282,6 @@ static void bindModelTypes(py::module_& m) {
            << ", reason='" << p.reason << "')";
         return os.str();
       });
-
 }
 
 // The model's functions: what auto and the planner both call.
@@ -283,9 +291,9 @@ static void bindModelFunctions(py::module_& m) {
       [](const std::string& collective, const std::string& algorithm, long long nbytes,
          const std::string& dtype, const GroupShape& shape, const MachineProfile& profile,
          bool inPlace) {
-        return fourd::predict(fourd::parseCollective(collective),
-                              fourd::parseAlgorithm(algorithm), checkedBytes(nbytes),
-                              fourd::parseDataType(dtype), shape, profile, inPlace);
+        return fourd::predict(fourd::parseCollective(collective), fourd::parseAlgorithm(algorithm),
+                              checkedBytes(nbytes), fourd::parseDataType(dtype), shape, profile,
+                              inPlace);
       },
       py::arg("collective"), py::arg("algorithm"), py::arg("nbytes"), py::arg("dtype"),
       py::arg("shape"), py::arg("profile"), py::arg("in_place") = false,
@@ -298,7 +306,8 @@ static void bindModelFunctions(py::module_& m) {
                                  fourd::parseDataType(dtype), shape, profile, inPlace);
       },
       py::arg("collective"), py::arg("nbytes"), py::arg("dtype"), py::arg("shape"),
-      py::arg("profile"), py::arg("in_place") = false, "Every concrete algorithm with its prediction, in enum order.");
+      py::arg("profile"), py::arg("in_place") = false,
+      "Every concrete algorithm with its prediction, in enum order.");
   m.def(
       "choose",
       [](const std::string& collective, long long nbytes, const std::string& dtype,
@@ -308,7 +317,8 @@ static void bindModelFunctions(py::module_& m) {
                           fourd::parseDataType(dtype), shape, profile, inPlace)));
       },
       py::arg("collective"), py::arg("nbytes"), py::arg("dtype"), py::arg("shape"),
-      py::arg("profile"), py::arg("in_place") = false, "The supported algorithm with the smallest prediction (never 'auto').");
+      py::arg("profile"), py::arg("in_place") = false,
+      "The supported algorithm with the smallest prediction (never 'auto').");
   m.def("reduce_kernel_seconds", &reduceKernelSeconds, py::arg("dtype"), py::arg("nbytes"),
         py::arg("inputs") = 2, py::arg("reps") = 3, py::arg("many") = false,
         py::call_guard<py::gil_scoped_release>(),

@@ -30,7 +30,8 @@ void raise(const char* key, const char* what) {
 
 void register_errors(py::module_& m) {
   m.def("set_error_classes", [](py::dict d) {
-    for (auto item : d) (*gClasses)[py::str(item.first)] = py::reinterpret_borrow<py::object>(item.second);
+    for (auto item : d)
+      (*gClasses)[py::str(item.first)] = py::reinterpret_borrow<py::object>(item.second);
   });
   py::register_exception_translator([](std::exception_ptr p) {
     if (!p) return;

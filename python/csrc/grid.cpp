@@ -114,8 +114,9 @@ void waitWork(Work& w, py::object timeout) {
           limit - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (left <= 0) {
         if (w.isCompleted()) break;
-        throw fourd::TimeoutError("fourd: Work.wait: " + w.description() + " did not complete within " +
-                                  std::to_string(limit) + " s (it keeps running; wait again, or let "
+        throw fourd::TimeoutError("fourd: Work.wait: " + w.description() +
+                                  " did not complete within " + std::to_string(limit) +
+                                  " s (it keeps running; wait again, or let "
                                   "its own deadline end it)");
       }
       slice = std::min(slice, left);
@@ -135,7 +136,6 @@ void waitWork(Work& w, py::object timeout) {
   if (auto e = w.error()) std::rethrow_exception(e);
 }
 
-
 // fourd's dtype code of a buffer-protocol view (fourd::DataType), or -1.
 int bufferDtype(const Py_buffer& view) {
   int code = -1;
@@ -145,15 +145,28 @@ int bufferDtype(const Py_buffer& view) {
   const bool single = f[0] != '\0' && f[1] == '\0';
   if (single) {
     switch (c) {
-      case 'f': code = view.itemsize == 4 ? 0 : -1; break;
-      case 'd': code = view.itemsize == 8 ? 1 : -1; break;
-      case 'e': code = view.itemsize == 2 ? 2 : -1; break;
-      case 'b': code = 4; break;
-      case 'B': code = 5; break;
-      case 'i': case 'l': case 'q':
+      case 'f':
+        code = view.itemsize == 4 ? 0 : -1;
+        break;
+      case 'd':
+        code = view.itemsize == 8 ? 1 : -1;
+        break;
+      case 'e':
+        code = view.itemsize == 2 ? 2 : -1;
+        break;
+      case 'b':
+        code = 4;
+        break;
+      case 'B':
+        code = 5;
+        break;
+      case 'i':
+      case 'l':
+      case 'q':
         code = view.itemsize == 4 ? 6 : view.itemsize == 8 ? 7 : -1;
         break;
-      default: break;
+      default:
+        break;
     }
   }
   return code;
@@ -179,8 +192,6 @@ py::object bufferInfo(py::handle obj, bool writable) {
   return out;
 }
 
-
-
 // Module-level functions: the MPI library, the build, the buffer fast path.
 void bindModuleFunctions(py::module_& m) {
   m.def("buffer_info", &bufferInfo, py::arg("obj"), py::arg("writable"));
@@ -204,7 +215,6 @@ void bindModuleFunctions(py::module_& m) {
     MPI_Query_thread(&p);
     return p;
   });
-
 }
 
 void bindWork(py::module_& m) {
@@ -217,7 +227,6 @@ void bindWork(py::module_& m) {
       .def("__repr__", [](const Work& w) {
         return "<fourd.Work " + w.description() + (w.isCompleted() ? " completed>" : " running>");
       });
-
 }
 
 using CommunicatorClass = py::class_<Communicator>;
@@ -228,7 +237,8 @@ void bindCommunicatorInfo(CommunicatorClass& c) {
       .def_property_readonly("mask", &Communicator::mask)
       .def_property_readonly("name", &Communicator::name)
       .def_property_readonly("world_ranks", &Communicator::worldRanks)
-      .def_property_readonly("topology", [](const Communicator& c) { return topologyDict(c.topology()); })
+      .def_property_readonly("topology",
+                             [](const Communicator& c) { return topologyDict(c.topology()); })
       .def_property_readonly("poisoned", &Communicator::poisoned)
       .def_property_readonly("poison_reason", &Communicator::poisonReason);
 }
@@ -236,21 +246,22 @@ void bindCommunicatorInfo(CommunicatorClass& c) {
 // The collectives, as Python resolves their buffers (grid.py is the only caller).
 void bindReductions(CommunicatorClass& c) {
   c.def("all_reduce",
-           [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev, int devIdx,
-              uintptr_t stream, int op, int algorithm, double timeout, bool async, bool acc32,
-              py::object keep) {
-             const CallOptions o = opts(algorithm, timeout, async, acc32);
-             auto w = released([&] {
-               return c.allReduce(buf(in, count, dtype, dev, devIdx, stream), buf(out, count, dtype, dev, devIdx, stream),
-                                  static_cast<fourd::ReduceOp>(op), o);
-             });
-             return finish(std::move(w), async, std::move(keep));
-           })
+        [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev,
+           int devIdx, uintptr_t stream, int op, int algorithm, double timeout, bool async,
+           bool acc32, py::object keep) {
+          const CallOptions o = opts(algorithm, timeout, async, acc32);
+          auto w = released([&] {
+            return c.allReduce(buf(in, count, dtype, dev, devIdx, stream),
+                               buf(out, count, dtype, dev, devIdx, stream),
+                               static_cast<fourd::ReduceOp>(op), o);
+          });
+          return finish(std::move(w), async, std::move(keep));
+        })
       .def("all_reduce_into",
            // Out of place: the counts are checked by the core (they must be equal).
-           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
-              int dev, int devIdx, uintptr_t stream, int op, int algorithm, double timeout, bool async,
-              bool acc32, py::object keep) {
+           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount,
+              int dtype, int dev, int devIdx, uintptr_t stream, int op, int algorithm,
+              double timeout, bool async, bool acc32, py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, acc32);
              auto w = released([&] {
                return c.allReduce(buf(in, inCount, dtype, dev, devIdx, stream),
@@ -289,20 +300,20 @@ void bindReductions(CommunicatorClass& c) {
 
 void bindGatherScatter(CommunicatorClass& c) {
   c.def("all_gather",
-           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
-              int dev, int devIdx, uintptr_t stream, int algorithm, double timeout, bool async,
-              py::object keep) {
-             const CallOptions o = opts(algorithm, timeout, async, false);
-             auto w = released([&] {
-               return c.allGather(buf(in, inCount, dtype, dev, devIdx, stream),
-                                  buf(out, outCount, dtype, dev, devIdx, stream), o);
-             });
-             return finish(std::move(w), async, std::move(keep));
-           })
+        [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
+           int dev, int devIdx, uintptr_t stream, int algorithm, double timeout, bool async,
+           py::object keep) {
+          const CallOptions o = opts(algorithm, timeout, async, false);
+          auto w = released([&] {
+            return c.allGather(buf(in, inCount, dtype, dev, devIdx, stream),
+                               buf(out, outCount, dtype, dev, devIdx, stream), o);
+          });
+          return finish(std::move(w), async, std::move(keep));
+        })
       .def("reduce_scatter",
-           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
-              int dev, int devIdx, uintptr_t stream, int op, int algorithm, double timeout, bool async,
-              bool acc32, py::object keep) {
+           [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount,
+              int dtype, int dev, int devIdx, uintptr_t stream, int op, int algorithm,
+              double timeout, bool async, bool acc32, py::object keep) {
              const CallOptions o = opts(algorithm, timeout, async, acc32);
              auto w = released([&] {
                return c.reduceScatter(buf(in, inCount, dtype, dev, devIdx, stream),
@@ -315,80 +326,83 @@ void bindGatherScatter(CommunicatorClass& c) {
            [](Communicator& c, uintptr_t p, size_t count, int dtype, int dev, int devIdx,
               uintptr_t stream, int root, double timeout, bool async, py::object keep) {
              const CallOptions o = opts(0, timeout, async, false);
-             auto w = released([&] {
-               return c.broadcast(buf(p, count, dtype, dev, devIdx, stream), root, o);
-             });
+             auto w = released(
+                 [&] { return c.broadcast(buf(p, count, dtype, dev, devIdx, stream), root, o); });
              return finish(std::move(w), async, std::move(keep));
            })
-      .def("barrier",
-           [](Communicator& c, double timeout) {
-             const CallOptions o = opts(0, timeout, false, false);
-             released([&] { return c.barrier(o); });
-           });
+      .def("barrier", [](Communicator& c, double timeout) {
+        const CallOptions o = opts(0, timeout, false, false);
+        released([&] { return c.barrier(o); });
+      });
 }
 
 // What the selector and the tuning say of a call.
 void bindQueries(CommunicatorClass& c) {
-  c.def("choose",
-           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
-              bool inPlace, const std::string& device) {
-             return std::string(fourd::algorithmName(
-                 c.choose(fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype), inPlace,
-                          deviceArg(device))));
-           },
-           py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
-           py::arg("in_place") = false, py::arg("device") = "cpu")
-      .def_property("default_algorithm",
-                    [](const Communicator& c) { return std::string(fourd::algorithmName(c.defaultAlgorithm())); },
-                    [](Communicator& c, const std::string& a) {
-                      c.setDefaultAlgorithm(fourd::parseAlgorithm(a));
-                    },
-                    "The algorithm of calls that ask for 'auto' on this group ('auto': none).")
-      .def("tuning",
-           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
-              bool inPlace) {
-             const auto t = c.tuning(fourd::parseCollective(coll), nbytes,
-                                     fourd::parseDataType(dtype), inPlace);
-             py::dict d;
-             d["state"] = t.state.empty() ? std::string("not yet run") : t.state;
-             py::list cands, secs;
-             for (auto a : t.candidates) cands.append(fourd::algorithmName(a));
-             for (double x : t.seconds) secs.append(x);
-             d["candidates"] = cands;
-             d["measured_s"] = secs;
-             d["explore_calls"] = t.exploreCalls;
-             d["recheck_gap"] = t.recheckGap;
-             d["settled"] = t.settled == fourd::Algorithm::kAuto
-                                ? py::object(py::none())
-                                : py::object(py::str(fourd::algorithmName(t.settled)));
-             return d;
-           },
-           py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
-           py::arg("in_place") = false)
-      .def("explain",
-           [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
-              bool inPlace, const std::string& device) {
-             const auto e = c.explain(fourd::parseCollective(coll), nbytes,
-                                      fourd::parseDataType(dtype), inPlace, deviceArg(device));
-             py::list rows;
-             for (const auto& p : e.candidates) {
-               py::dict d;
-               d["algorithm"] = fourd::algorithmName(p.algorithm);
-               d["predicted_s"] = p.seconds;
-               d["correction"] = p.correction;
-               d["supported"] = p.supported;
-               d["reason"] = p.reason;
-               rows.append(d);
-             }
-             py::dict out;
-             out["candidates"] = rows;
-             out["choice"] = fourd::algorithmName(e.choice);
-             out["source"] = e.source;
-             return out;
-           },
-           py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
-           py::arg("in_place") = false, py::arg("device") = "cpu")
-;
+  c.def(
+       "choose",
+       [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
+          bool inPlace, const std::string& device) {
+         return std::string(fourd::algorithmName(c.choose(fourd::parseCollective(coll), nbytes,
+                                                          fourd::parseDataType(dtype), inPlace,
+                                                          deviceArg(device))));
+       },
+       py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
+       py::arg("in_place") = false, py::arg("device") = "cpu")
+      .def_property(
+          "default_algorithm",
+          [](const Communicator& c) {
+            return std::string(fourd::algorithmName(c.defaultAlgorithm()));
+          },
+          [](Communicator& c, const std::string& a) {
+            c.setDefaultAlgorithm(fourd::parseAlgorithm(a));
+          },
+          "The algorithm of calls that ask for 'auto' on this group ('auto': none).")
+      .def(
+          "tuning",
+          [](const Communicator& c, const std::string& coll, size_t nbytes,
+             const std::string& dtype, bool inPlace) {
+            const auto t = c.tuning(fourd::parseCollective(coll), nbytes,
+                                    fourd::parseDataType(dtype), inPlace);
+            py::dict d;
+            d["state"] = t.state.empty() ? std::string("not yet run") : t.state;
+            py::list cands, secs;
+            for (auto a : t.candidates) cands.append(fourd::algorithmName(a));
+            for (double x : t.seconds) secs.append(x);
+            d["candidates"] = cands;
+            d["measured_s"] = secs;
+            d["explore_calls"] = t.exploreCalls;
+            d["recheck_gap"] = t.recheckGap;
+            d["settled"] = t.settled == fourd::Algorithm::kAuto
+                               ? py::object(py::none())
+                               : py::object(py::str(fourd::algorithmName(t.settled)));
+            return d;
+          },
+          py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
+          py::arg("in_place") = false)
+      .def(
+          "explain",
+          [](const Communicator& c, const std::string& coll, size_t nbytes,
+             const std::string& dtype, bool inPlace, const std::string& device) {
+            const auto e = c.explain(fourd::parseCollective(coll), nbytes,
+                                     fourd::parseDataType(dtype), inPlace, deviceArg(device));
+            py::list rows;
+            for (const auto& p : e.candidates) {
+              py::dict d;
+              d["algorithm"] = fourd::algorithmName(p.algorithm);
+              d["predicted_s"] = p.seconds;
+              d["correction"] = p.correction;
+              d["supported"] = p.supported;
+              d["reason"] = p.reason;
+              rows.append(d);
+            }
+            py::dict out;
+            out["candidates"] = rows;
+            out["choice"] = fourd::algorithmName(e.choice);
+            out["source"] = e.source;
+            return out;
+          },
+          py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
+          py::arg("in_place") = false, py::arg("device") = "cpu");
 }
 
 void bindGrid(py::module_& m) {
@@ -409,31 +423,37 @@ void bindGrid(py::module_& m) {
            py::arg("timeout"), py::arg("debug"), py::arg("abort_on_timeout"))
       .def_property_readonly("world_rank", &Grid::worldRank)
       .def_property_readonly("world_size", &Grid::worldSize)
-      .def_property_readonly("sizes", [](const Grid& g) {
-        auto s = g.processGrid().sizes();
-        return std::vector<int>(s.begin(), s.end());
-      })
+      .def_property_readonly("sizes",
+                             [](const Grid& g) {
+                               auto s = g.processGrid().sizes();
+                               return std::vector<int>(s.begin(), s.end());
+                             })
       .def_property_readonly("order", [](const Grid& g) { return g.processGrid().orderName(); })
       .def_property_readonly("host_names", &Grid::hostNames)
       .def_property_readonly("num_nodes", [](const Grid& g) { return g.topology().numNodes(); })
       .def_property_readonly("virtual_topology", &Grid::virtualTopology)
       .def_property_readonly("finalized", &Grid::finalized)
-      .def("coords", [](const Grid& g, int r) {
-        auto c = g.processGrid().coords(r);
-        return std::vector<int>(c.begin(), c.end());
-      })
-      .def("rank_of", [](const Grid& g, std::vector<int> c) {
-        return g.processGrid().rankOf({c.at(0), c.at(1), c.at(2), c.at(3)});
-      })
-      .def("group_ranks", [](const Grid& g, int r, unsigned mask) { return g.processGrid().groupRanks(r, mask); })
-      .def("group_rank", [](const Grid& g, int r, unsigned mask) { return g.processGrid().groupRank(r, mask); })
+      .def("coords",
+           [](const Grid& g, int r) {
+             auto c = g.processGrid().coords(r);
+             return std::vector<int>(c.begin(), c.end());
+           })
+      .def("rank_of",
+           [](const Grid& g, std::vector<int> c) {
+             return g.processGrid().rankOf({c.at(0), c.at(1), c.at(2), c.at(3)});
+           })
+      .def("group_ranks",
+           [](const Grid& g, int r, unsigned mask) { return g.processGrid().groupRanks(r, mask); })
+      .def("group_rank",
+           [](const Grid& g, int r, unsigned mask) { return g.processGrid().groupRank(r, mask); })
       .def("node_of", [](const Grid& g, int r) { return g.topology().nodeOf(r); })
       .def("local_rank", [](const Grid& g, int r) { return g.topology().localRank(r); })
       .def("communicator", &Grid::communicator, py::return_value_policy::reference_internal)
-      .def("finalize", [](Grid& g, double timeout) {
-        py::gil_scoped_release rel;
-        return g.finalize(timeout);
-      })
+      .def("finalize",
+           [](Grid& g, double timeout) {
+             py::gil_scoped_release rel;
+             return g.finalize(timeout);
+           })
       .def_property_readonly("profile", [](const Grid& g) { return g.profile(); })
       .def("set_profile", &Grid::setProfile);
 }

@@ -31,8 +31,10 @@ fourd::AxisMask maskArg(const py::handle& axis) {
     }
     return static_cast<fourd::AxisMask>(m);
   }
-  throw fourd::InvalidArgument("axis: expected an axis name such as 'x' or 'z+data', or a mask; "
-                               "found " + py::repr(axis).cast<std::string>());
+  throw fourd::InvalidArgument(
+      "axis: expected an axis name such as 'x' or 'z+data', or a mask; "
+      "found " +
+      py::repr(axis).cast<std::string>());
 }
 
 py::tuple names(int n, const char* (*name)(int)) {
@@ -75,32 +77,50 @@ void bindNames(py::module_& m) {
   m.attr("COLLECTIVES") = names(fourd::kNumCollectives, [](int i) {
     return fourd::collectiveName(static_cast<fourd::Collective>(i));
   });
-  m.attr("AXES") = names(fourd::kNumAxes, [](int i) {
-    return fourd::axisName(static_cast<fourd::Axis>(i));
-  });
+  m.attr("AXES") =
+      names(fourd::kNumAxes, [](int i) { return fourd::axisName(static_cast<fourd::Axis>(i)); });
   m.attr("WORLD_MASK") = fourd::kWorldMask;
 
-  m.def("parse_dtype", [](const std::string& s, const std::string& arg) {
-    return static_cast<int>(fourd::parseDataType(s, arg.c_str()));
-  }, py::arg("name"), py::arg("arg") = "dtype",
-        "Code of a dtype name or alias ('bf16', 'half', ...); InvalidArgumentError otherwise.");
-  m.def("parse_op", [](const std::string& s, const std::string& arg) {
-    return static_cast<int>(fourd::parseReduceOp(s, arg.c_str()));
-  }, py::arg("name"), py::arg("arg") = "op", "Code of a reduce op name or alias ('product', 'mean').");
-  m.def("parse_algorithm", [](const std::string& s, const std::string& arg) {
-    return static_cast<int>(fourd::parseAlgorithm(s, arg.c_str()));
-  }, py::arg("name"), py::arg("arg") = "algorithm", "Code of an algorithm name.");
-  m.def("parse_collective", [](const std::string& s, const std::string& arg) {
-    return static_cast<int>(fourd::parseCollective(s, arg.c_str()));
-  }, py::arg("name"), py::arg("arg") = "collective", "Code of a collective name.");
-  m.def("parse_axis", [](const std::string& s, const std::string& arg) {
-    return fourd::parseAxisMask(s, arg.c_str());
-  }, py::arg("name"), py::arg("arg") = "axis",
-        "Mask of 'x', 'z+data', 'world', ...; a repeated axis is an error.");
+  m.def(
+      "parse_dtype",
+      [](const std::string& s, const std::string& arg) {
+        return static_cast<int>(fourd::parseDataType(s, arg.c_str()));
+      },
+      py::arg("name"), py::arg("arg") = "dtype",
+      "Code of a dtype name or alias ('bf16', 'half', ...); InvalidArgumentError otherwise.");
+  m.def(
+      "parse_op",
+      [](const std::string& s, const std::string& arg) {
+        return static_cast<int>(fourd::parseReduceOp(s, arg.c_str()));
+      },
+      py::arg("name"), py::arg("arg") = "op",
+      "Code of a reduce op name or alias ('product', 'mean').");
+  m.def(
+      "parse_algorithm",
+      [](const std::string& s, const std::string& arg) {
+        return static_cast<int>(fourd::parseAlgorithm(s, arg.c_str()));
+      },
+      py::arg("name"), py::arg("arg") = "algorithm", "Code of an algorithm name.");
+  m.def(
+      "parse_collective",
+      [](const std::string& s, const std::string& arg) {
+        return static_cast<int>(fourd::parseCollective(s, arg.c_str()));
+      },
+      py::arg("name"), py::arg("arg") = "collective", "Code of a collective name.");
+  m.def(
+      "parse_axis",
+      [](const std::string& s, const std::string& arg) {
+        return fourd::parseAxisMask(s, arg.c_str());
+      },
+      py::arg("name"), py::arg("arg") = "axis",
+      "Mask of 'x', 'z+data', 'world', ...; a repeated axis is an error.");
   m.def("mask_name", [](unsigned mask) { return fourd::maskName(mask); }, py::arg("mask"));
-  m.def("parse_order", [](const std::string& s) {
-    return fourd::ProcessGrid::orderName(fourd::ProcessGrid::parseOrder(s));
-  }, py::arg("order"), "The canonical form of an order such as 'x-y-z-data' (innermost first).");
+  m.def(
+      "parse_order",
+      [](const std::string& s) {
+        return fourd::ProcessGrid::orderName(fourd::ProcessGrid::parseOrder(s));
+      },
+      py::arg("order"), "The canonical form of an order such as 'x-y-z-data' (innermost first).");
 }
 
 void bindProcessGrid(py::module_& m) {
@@ -118,33 +138,52 @@ void bindProcessGrid(py::module_& m) {
            }),
            py::arg("sizes"), py::arg("order") = "x-y-z-data")
       .def_property_readonly("world_size", &ProcessGrid::worldSize)
-      .def_property_readonly("sizes", [](const ProcessGrid& g) {
-        return std::vector<int>(g.sizes().begin(), g.sizes().end());
-      })
+      .def_property_readonly(
+          "sizes",
+          [](const ProcessGrid& g) { return std::vector<int>(g.sizes().begin(), g.sizes().end()); })
       .def_property_readonly("order", [](const ProcessGrid& g) { return g.orderName(); })
-      .def("stride", [](const ProcessGrid& g, const std::string& axis) {
-        return g.stride(static_cast<fourd::Axis>(__builtin_ctz(fourd::parseAxisMask(axis))));
-      }, py::arg("axis"))
-      .def("coords", [](const ProcessGrid& g, int r) {
-        auto c = g.coords(r);
-        return std::vector<int>(c.begin(), c.end());
-      }, py::arg("world_rank"))
-      .def("rank_of", [](const ProcessGrid& g, const std::vector<int>& c) {
-        if (c.size() != 4) throw fourd::InvalidArgument("coords: expected 4 coordinates");
-        return g.rankOf({c[0], c[1], c[2], c[3]});
-      }, py::arg("coords"))
-      .def("group_size", [](const ProcessGrid& g, const py::object& axis) {
-        return g.groupSize(maskArg(axis));
-      }, py::arg("axis"))
-      .def("group_rank", [](const ProcessGrid& g, int r, const py::object& axis) {
-        return g.groupRank(r, maskArg(axis));
-      }, py::arg("world_rank"), py::arg("axis"))
-      .def("group_color", [](const ProcessGrid& g, int r, const py::object& axis) {
-        return g.groupColor(r, maskArg(axis));
-      }, py::arg("world_rank"), py::arg("axis"))
-      .def("group_ranks", [](const ProcessGrid& g, int r, const py::object& axis) {
-        return g.groupRanks(r, maskArg(axis));
-      }, py::arg("world_rank"), py::arg("axis"))
+      .def(
+          "stride",
+          [](const ProcessGrid& g, const std::string& axis) {
+            return g.stride(static_cast<fourd::Axis>(__builtin_ctz(fourd::parseAxisMask(axis))));
+          },
+          py::arg("axis"))
+      .def(
+          "coords",
+          [](const ProcessGrid& g, int r) {
+            auto c = g.coords(r);
+            return std::vector<int>(c.begin(), c.end());
+          },
+          py::arg("world_rank"))
+      .def(
+          "rank_of",
+          [](const ProcessGrid& g, const std::vector<int>& c) {
+            if (c.size() != 4) throw fourd::InvalidArgument("coords: expected 4 coordinates");
+            return g.rankOf({c[0], c[1], c[2], c[3]});
+          },
+          py::arg("coords"))
+      .def(
+          "group_size",
+          [](const ProcessGrid& g, const py::object& axis) { return g.groupSize(maskArg(axis)); },
+          py::arg("axis"))
+      .def(
+          "group_rank",
+          [](const ProcessGrid& g, int r, const py::object& axis) {
+            return g.groupRank(r, maskArg(axis));
+          },
+          py::arg("world_rank"), py::arg("axis"))
+      .def(
+          "group_color",
+          [](const ProcessGrid& g, int r, const py::object& axis) {
+            return g.groupColor(r, maskArg(axis));
+          },
+          py::arg("world_rank"), py::arg("axis"))
+      .def(
+          "group_ranks",
+          [](const ProcessGrid& g, int r, const py::object& axis) {
+            return g.groupRanks(r, maskArg(axis));
+          },
+          py::arg("world_rank"), py::arg("axis"))
       .def("__repr__", [](const ProcessGrid& g) {
         const auto& s = g.sizes();
         return "ProcessGrid(x=" + std::to_string(s[0]) + ", y=" + std::to_string(s[1]) +
@@ -164,11 +203,14 @@ void bindTopology(py::module_& m) {
       .def("node_of", &Topology::nodeOf, py::arg("world_rank"))
       .def("local_rank", &Topology::localRank, py::arg("world_rank"))
       .def("ranks_on_node", &Topology::ranksOnNode, py::arg("node"))
-      .def("group", [](const Topology& t, const std::vector<int>& ranks) {
-        return groupTopologyDict(t.group(ranks));
-      }, py::arg("world_ranks"),
-           "The two-level shape of a group: num_nodes, k, uniform, node_index, local_index, "
-           "description.");
+      .def(
+          "group",
+          [](const Topology& t, const std::vector<int>& ranks) {
+            return groupTopologyDict(t.group(ranks));
+          },
+          py::arg("world_ranks"),
+          "The two-level shape of a group: num_nodes, k, uniform, node_index, local_index, "
+          "description.");
 }
 
 }  // namespace

@@ -11,7 +11,10 @@ Run scripts as ``mpiexec -n N python -m mpi4py script.py`` so that one failing r
 from mpi4py import MPI  # noqa: F401  (initialises MPI before the native module loads)
 
 from . import _C
+from . import grid as _grid
+from ._tensor import Buffer
 from .errors import (
+    _NATIVE_CLASSES,
     AbortedError,
     BackendError,
     DTypeError,
@@ -20,15 +23,13 @@ from .errors import (
     MismatchError,
     NotInitializedError,
     TimeoutError,
-    _NATIVE_CLASSES,
 )
-from ._tensor import Buffer
 from .grid import Grid, finalize, get_grid, init, is_initialized
-from . import grid as _grid
 
 _C.set_error_classes(_NATIVE_CLASSES)
 
-from .profile.policy import apply as _apply_profile, calibrate  # noqa: E402
+from .profile.policy import apply as _apply_profile  # noqa: E402
+from .profile.policy import calibrate  # noqa: E402
 
 _grid._init_hooks.append(_apply_profile)
 
@@ -41,8 +42,18 @@ def _g(grid):
     return _grid.get_grid() if grid is None else grid
 
 
-def all_reduce(tensor, axis="world", op="sum", *, output=None, grid=None, algorithm="auto",
-               async_op=False, timeout=None, accumulate_fp32=False):
+def all_reduce(
+    tensor,
+    axis="world",
+    op="sum",
+    *,
+    output=None,
+    grid=None,
+    algorithm="auto",
+    async_op=False,
+    timeout=None,
+    accumulate_fp32=False,
+):
     """Reduce `tensor` over my group along `axis` (torch's all_reduce): in place, or into
     `output` (same count and dtype, not overlapping `tensor`) when given.
 
@@ -54,23 +65,50 @@ def all_reduce(tensor, axis="world", op="sum", *, output=None, grid=None, algori
     g = _grid._current if grid is None else grid
     if g is None:
         g = _grid.get_grid()  # raises: no grid yet, or finalized
-    return g.all_reduce(tensor, axis, op, output=output, algorithm=algorithm, async_op=async_op,
-                        timeout=timeout, accumulate_fp32=accumulate_fp32)
+    return g.all_reduce(
+        tensor,
+        axis,
+        op,
+        output=output,
+        algorithm=algorithm,
+        async_op=async_op,
+        timeout=timeout,
+        accumulate_fp32=accumulate_fp32,
+    )
 
 
-def all_gather(output, input, axis="world", *, grid=None, algorithm="auto", async_op=False,
-               timeout=None):
+def all_gather(
+    output, input, axis="world", *, grid=None, algorithm="auto", async_op=False, timeout=None
+):
     """output = the inputs of my group along `axis`, concatenated in group-rank order."""
-    return _g(grid).all_gather(output, input, axis, algorithm=algorithm, async_op=async_op,
-                               timeout=timeout)
+    return _g(grid).all_gather(
+        output, input, axis, algorithm=algorithm, async_op=async_op, timeout=timeout
+    )
 
 
-def reduce_scatter(output, input, axis="world", op="sum", *, grid=None, algorithm="auto",
-                   async_op=False, timeout=None, accumulate_fp32=False):
+def reduce_scatter(
+    output,
+    input,
+    axis="world",
+    op="sum",
+    *,
+    grid=None,
+    algorithm="auto",
+    async_op=False,
+    timeout=None,
+    accumulate_fp32=False,
+):
     """input holds group-size blocks; the reduced block i ends on group rank i as `output`."""
-    return _g(grid).reduce_scatter(output, input, axis, op, algorithm=algorithm,
-                                   async_op=async_op, timeout=timeout,
-                                   accumulate_fp32=accumulate_fp32)
+    return _g(grid).reduce_scatter(
+        output,
+        input,
+        axis,
+        op,
+        algorithm=algorithm,
+        async_op=async_op,
+        timeout=timeout,
+        accumulate_fp32=accumulate_fp32,
+    )
 
 
 def broadcast(tensor, src, axis="world", *, grid=None, async_op=False, timeout=None):
@@ -101,8 +139,11 @@ def build_info() -> dict:
         "nccl_version": _C.nccl_version() if HAVE_CUDA else None,
         "cuda_devices": _C.cuda_device_count()[0] if HAVE_CUDA else 0,
         # Why no CUDA device can be used ("" when one can).
-        "cuda_unavailable": (_C.cuda_device_count()[1] if HAVE_CUDA
-                             else "this build of fourd has no CUDA support (FOURD_CUDA=ON)"),
+        "cuda_unavailable": (
+            _C.cuda_device_count()[1]
+            if HAVE_CUDA
+            else "this build of fourd has no CUDA support (FOURD_CUDA=ON)"
+        ),
     }
 
 

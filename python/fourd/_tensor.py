@@ -60,8 +60,16 @@ class Buffer:
 
     __slots__ = ("address", "count", "dtype", "device", "device_index", "owner", "stream")
 
-    def __init__(self, address: int, count: int, dtype: str, device: str = "cpu",
-                 device_index: int = 0, owner=None, stream: int = 0):
+    def __init__(
+        self,
+        address: int,
+        count: int,
+        dtype: str,
+        device: str = "cpu",
+        device_index: int = 0,
+        owner=None,
+        stream: int = 0,
+    ):
         if dtype not in CODES:
             raise DTypeError(f"dtype: expected one of {', '.join(DTYPES)}; found {dtype!r}")
         if device not in _DEVICES:
@@ -77,7 +85,7 @@ class Buffer:
         self.stream = int(stream)
 
     @classmethod
-    def of(cls, obj, dtype: str | None = None, arg: str = "obj") -> "Buffer":
+    def of(cls, obj, dtype: str | None = None, arg: str = "obj") -> Buffer:
         """A Buffer over a contiguous tensor or array; with `dtype`, its bytes read as that
         dtype (the element size must match)."""
         if dtype is not None and dtype not in CODES:
@@ -87,15 +95,19 @@ class Buffer:
             if not obj.flags.c_contiguous:
                 raise InvalidArgumentError(f"{arg}: expected a C-contiguous array")
             if obj.itemsize != ITEMSIZE[dtype]:
-                raise DTypeError(f"dtype: {dtype} elements are {ITEMSIZE[dtype]} bytes, {arg}'s "
-                                 f"{obj.dtype} elements {obj.itemsize}")
+                raise DTypeError(
+                    f"dtype: {dtype} elements are {ITEMSIZE[dtype]} bytes, {arg}'s "
+                    f"{obj.dtype} elements {obj.itemsize}"
+                )
             return cls(obj.__array_interface__["data"][0], obj.size, dtype, owner=obj)
         p, n, code, dev, idx, stream = resolve(obj, arg, False)
         name = DTYPES[code]
         if dtype is not None and dtype != name:
             if ITEMSIZE[dtype] != ITEMSIZE[name]:
-                raise DTypeError(f"dtype: {dtype} elements are {ITEMSIZE[dtype]} bytes, {arg}'s "
-                                 f"{name} elements {ITEMSIZE[name]}")
+                raise DTypeError(
+                    f"dtype: {dtype} elements are {ITEMSIZE[dtype]} bytes, {arg}'s "
+                    f"{name} elements {ITEMSIZE[name]}"
+                )
             name = dtype
         return cls(p, n, name, "cuda" if dev else "cpu", idx, owner=obj, stream=stream)
 
@@ -104,20 +116,25 @@ class Buffer:
         return self.count * ITEMSIZE[self.dtype]
 
     def __repr__(self) -> str:
-        return (f"fourd.Buffer(0x{self.address:x}, count={self.count}, dtype='{self.dtype}', "
-                f"device='{self.device}:{self.device_index}')")
+        return (
+            f"fourd.Buffer(0x{self.address:x}, count={self.count}, dtype='{self.dtype}', "
+            f"device='{self.device}:{self.device_index}')"
+        )
 
 
 def _numpy(obj: np.ndarray, arg: str, writable: bool):
     code = _NUMPY_CODES.get(obj.dtype)
     if code is None:
         names = ", ".join(DTYPES[c] for c in _NUMPY_CODES.values())
-        raise DTypeError(f"{arg}: expected a numpy dtype among {names}; found {obj.dtype} (a "
-                         f"bfloat16 bit pattern: fourd.Buffer.of(array, 'bfloat16'))")
+        raise DTypeError(
+            f"{arg}: expected a numpy dtype among {names}; found {obj.dtype} (a "
+            f"bfloat16 bit pattern: fourd.Buffer.of(array, 'bfloat16'))"
+        )
     if not obj.flags.c_contiguous:
         raise InvalidArgumentError(
             f"{arg}: expected a C-contiguous array, found one with strides {obj.strides} "
-            f"(use np.ascontiguousarray)")
+            f"(use np.ascontiguousarray)"
+        )
     if writable and not obj.flags.writeable:
         raise InvalidArgumentError(f"{arg}: expected a writable array, found a read-only one")
     return obj.__array_interface__["data"][0], obj.size, code, 0, 0, 0
@@ -126,16 +143,19 @@ def _numpy(obj: np.ndarray, arg: str, writable: bool):
 def _tensor(torch, obj, arg: str, writable: bool):
     code = _TORCH_CODES.get(obj.dtype)
     if code is None:
-        raise DTypeError(f"{arg}: expected a torch dtype among {', '.join(DTYPES)}; found "
-                         f"{obj.dtype}")
+        raise DTypeError(
+            f"{arg}: expected a torch dtype among {', '.join(DTYPES)}; found {obj.dtype}"
+        )
     if not obj.is_contiguous():
         raise InvalidArgumentError(
             f"{arg}: expected a contiguous tensor, found one with strides {tuple(obj.stride())} "
-            f"(call .contiguous())")
+            f"(call .contiguous())"
+        )
     if writable and obj.requires_grad:
         raise InvalidArgumentError(
             f"{arg}: fourd would write into a tensor that requires grad; pass tensor.detach() "
-            f"or use fourd.tensor_parallel's autograd functions")
+            f"or use fourd.tensor_parallel's autograd functions"
+        )
     if obj.is_cpu:
         return obj.data_ptr(), obj.numel(), code, 0, 0, 0
     if obj.is_cuda:
@@ -156,13 +176,20 @@ def resolve(obj, arg: str, writable: bool):
     if isinstance(obj, np.ndarray):
         return _numpy(obj, arg, writable)
     if isinstance(obj, Buffer):
-        return (obj.address, obj.count, CODES[obj.dtype], _DEVICES[obj.device], obj.device_index,
-                obj.stream)
+        return (
+            obj.address,
+            obj.count,
+            CODES[obj.dtype],
+            _DEVICES[obj.device],
+            obj.device_index,
+            obj.stream,
+        )
     torch = _torch_module()
     if torch is not None and isinstance(obj, torch.Tensor):
         return _tensor(torch, obj, arg, writable)
-    raise DTypeError(f"{arg}: expected a torch.Tensor, numpy.ndarray or fourd.Buffer, found "
-                     f"{_describe(obj)}")
+    raise DTypeError(
+        f"{arg}: expected a torch.Tensor, numpy.ndarray or fourd.Buffer, found {_describe(obj)}"
+    )
 
 
 def dtype_name(code: int) -> str:

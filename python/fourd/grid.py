@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 import os
 import threading
 import weakref
+
+import numpy as np
 
 from . import _C
 from ._tensor import DTYPES, resolve
@@ -30,8 +30,11 @@ def axis_mask(axis) -> int:
     m = getattr(axis, "mask", None)
     if isinstance(m, int) and not isinstance(axis, (str, tuple, list)):
         return m
-    if isinstance(axis, (tuple, list, frozenset, set)) and axis and all(
-            isinstance(n, str) for n in axis):
+    if (
+        isinstance(axis, (tuple, list, frozenset, set))
+        and axis
+        and all(isinstance(n, str) for n in axis)
+    ):
         text = "world" if "world" in axis else "+".join(axis)
     elif isinstance(axis, str):
         text = axis
@@ -40,7 +43,8 @@ def axis_mask(axis) -> int:
     if text is None or not text:
         raise InvalidArgumentError(
             f"axis: expected 'x', 'y', 'z', 'data', 'world', or a tuple of those names such as "
-            f"('z', 'data'); found {axis!r}")
+            f"('z', 'data'); found {axis!r}"
+        )
     try:
         mask = _C.parse_axis(text, "axis")
     except InvalidArgumentError as e:
@@ -69,7 +73,8 @@ def _algo_code(algorithm) -> int:
     if not isinstance(algorithm, str):
         raise InvalidArgumentError(
             f"algorithm: expected one of {', '.join(repr(a) for a in _C.ALGORITHMS)}; found "
-            f"{algorithm!r}")
+            f"{algorithm!r}"
+        )
     return _C.parse_algorithm(algorithm, "algorithm")
 
 
@@ -83,9 +88,13 @@ def _timeout(timeout) -> float:
     try:
         t = float(timeout)
     except (TypeError, ValueError):
-        raise InvalidArgumentError(f"timeout: expected seconds (a positive number), found {timeout!r}") from None
+        raise InvalidArgumentError(
+            f"timeout: expected seconds (a positive number), found {timeout!r}"
+        ) from None
     if not t > 0:
-        raise InvalidArgumentError(f"timeout: expected seconds (a positive number), found {timeout!r}")
+        raise InvalidArgumentError(
+            f"timeout: expected seconds (a positive number), found {timeout!r}"
+        )
     return t
 
 
@@ -226,8 +235,18 @@ class Grid:
         return c
 
     # ---- collectives -----------------------------------------------------------------------
-    def all_reduce(self, tensor, axis="world", op="sum", *, output=None, algorithm="auto",
-                   async_op=False, timeout=None, accumulate_fp32=False):
+    def all_reduce(
+        self,
+        tensor,
+        axis="world",
+        op="sum",
+        *,
+        output=None,
+        algorithm="auto",
+        async_op=False,
+        timeout=None,
+        accumulate_fp32=False,
+    ):
         """Reduce `tensor` over the group along `axis`: in place, or into `output` (same count
         and dtype, not overlapping `tensor`) when given."""
         try:
@@ -236,17 +255,47 @@ class Grid:
             comm, opc, algc = self._plan_call(axis, op, algorithm)
         tmo = 0.0 if timeout is None else _timeout(timeout)
         if output is None:
-            if not async_op and type(tensor) is np.ndarray and comm.all_reduce_array(
-                    tensor, opc, algc, tmo, accumulate_fp32):
+            if (
+                not async_op
+                and type(tensor) is np.ndarray
+                and comm.all_reduce_array(tensor, opc, algc, tmo, accumulate_fp32)
+            ):
                 return None  # the common blocking numpy call, in one native call
             p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
-            return comm.all_reduce(p, p, n, dt, dev, idx, st, opc, algc, tmo, async_op,
-                                   accumulate_fp32, tensor if async_op else None)
+            return comm.all_reduce(
+                p,
+                p,
+                n,
+                dt,
+                dev,
+                idx,
+                st,
+                opc,
+                algc,
+                tmo,
+                async_op,
+                accumulate_fp32,
+                tensor if async_op else None,
+            )
         ip, n, dt, dev, idx, st = resolve(tensor, "tensor", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(dt, odt, dev, odev)
-        return comm.all_reduce_into(ip, n, op_, oc, dt, dev, idx, st, opc, algc, tmo, async_op,
-                                    accumulate_fp32, (output, tensor) if async_op else None)
+        return comm.all_reduce_into(
+            ip,
+            n,
+            op_,
+            oc,
+            dt,
+            dev,
+            idx,
+            st,
+            opc,
+            algc,
+            tmo,
+            async_op,
+            accumulate_fp32,
+            (output, tensor) if async_op else None,
+        )
 
     def _plan_call(self, axis, op, algorithm):
         mask = axis_mask(axis)
@@ -258,8 +307,9 @@ class Grid:
             pass
         return plan
 
-    def all_gather(self, output, input, axis="world", *, algorithm="auto", async_op=False,
-                   timeout=None):
+    def all_gather(
+        self, output, input, axis="world", *, algorithm="auto", async_op=False, timeout=None
+    ):
         """output = the inputs of the group along `axis`, concatenated in group-rank order."""
         try:
             comm, _, algc = self._calls[(axis, "sum", algorithm)]
@@ -268,12 +318,33 @@ class Grid:
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
-        return comm.all_gather(ip, ic, op_, oc, idt, dev, idx, st, algc,
-                               0.0 if timeout is None else _timeout(timeout), async_op,
-                               (output, input) if async_op else None)
+        return comm.all_gather(
+            ip,
+            ic,
+            op_,
+            oc,
+            idt,
+            dev,
+            idx,
+            st,
+            algc,
+            0.0 if timeout is None else _timeout(timeout),
+            async_op,
+            (output, input) if async_op else None,
+        )
 
-    def reduce_scatter(self, output, input, axis="world", op="sum", *, algorithm="auto",
-                       async_op=False, timeout=None, accumulate_fp32=False):
+    def reduce_scatter(
+        self,
+        output,
+        input,
+        axis="world",
+        op="sum",
+        *,
+        algorithm="auto",
+        async_op=False,
+        timeout=None,
+        accumulate_fp32=False,
+    ):
         """Reduce `input` (group-size blocks) over the group; block i ends on group rank i."""
         try:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
@@ -282,9 +353,22 @@ class Grid:
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
-        return comm.reduce_scatter(ip, ic, op_, oc, idt, dev, idx, st, opc, algc,
-                                   0.0 if timeout is None else _timeout(timeout), async_op,
-                                   accumulate_fp32, (output, input) if async_op else None)
+        return comm.reduce_scatter(
+            ip,
+            ic,
+            op_,
+            oc,
+            idt,
+            dev,
+            idx,
+            st,
+            opc,
+            algc,
+            0.0 if timeout is None else _timeout(timeout),
+            async_op,
+            accumulate_fp32,
+            (output, input) if async_op else None,
+        )
 
     def broadcast(self, tensor, src, axis="world", *, async_op=False, timeout=None):
         """Copy `tensor` of group rank `src` to every rank of the group along `axis`."""
@@ -292,14 +376,22 @@ class Grid:
         if not isinstance(src, int) or isinstance(src, bool):
             raise InvalidArgumentError(f"src: expected a group rank (int), found {src!r}")
         p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
-        return comm.broadcast(p, n, dt, dev, idx, st, src, _timeout(timeout), async_op,
-                              tensor if async_op else None)
+        return comm.broadcast(
+            p, n, dt, dev, idx, st, src, _timeout(timeout), async_op, tensor if async_op else None
+        )
 
     def barrier(self, axis="world", *, timeout=None):
         self._comm(axis_mask(axis)).barrier(_timeout(timeout))
 
-    def explain(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
-                in_place: bool = False, device: str = "cpu") -> dict:
+    def explain(
+        self,
+        collective: str,
+        nbytes: int,
+        axis="world",
+        dtype: str = "float32",
+        in_place: bool = False,
+        device: str = "cpu",
+    ) -> dict:
         """The candidates `auto` considers for this call, with predicted times and whether each
         can run, and its choice: the native selector's answer (internal/selector.hpp), for
         buffers on `device` ("cpu" or "cuda"). "source" says where the choice comes from
@@ -326,20 +418,34 @@ class Grid:
             "tuning": comm.tuning(collective, n, dtype, ip),
         }
 
-    def tuning(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
-               in_place: bool = False) -> dict:
+    def tuning(
+        self,
+        collective: str,
+        nbytes: int,
+        axis="world",
+        dtype: str = "float32",
+        in_place: bool = False,
+    ) -> dict:
         """What tuning in use knows of this call (``explain(...)["tuning"]``, without pricing
         the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap."""
         return self._comm(axis_mask(axis)).tuning(collective, int(nbytes), dtype, bool(in_place))
 
-    def algorithm_for(self, collective: str, nbytes: int, axis="world", dtype: str = "float32",
-                      in_place: bool = False, device: str = "cpu") -> str:
+    def algorithm_for(
+        self,
+        collective: str,
+        nbytes: int,
+        axis="world",
+        dtype: str = "float32",
+        in_place: bool = False,
+        device: str = "cpu",
+    ) -> str:
         """The algorithm a call with algorithm="auto" runs (the native selector's choice: the
         axis default set by a plan, else FOURD_ALGORITHM, else what tuning in use chose,
         provisionally or for good, else the cost model's choice; while the calls of a size
         explore, they run its shortlist in turn)."""
-        return self._comm(axis_mask(axis)).choose(collective, int(nbytes), dtype, bool(in_place),
-                                                  device)
+        return self._comm(axis_mask(axis)).choose(
+            collective, int(nbytes), dtype, bool(in_place), device
+        )
 
     def finalize(self, timeout: float | None = None) -> bool:
         """Wait for operations in flight (up to the timeout), then free the communicators."""
@@ -378,9 +484,7 @@ def _check_pair(idt, odt, dev, odev):
     if idt != odt:
         from .errors import DTypeError
 
-        raise DTypeError(
-            f"output: expected the input's dtype {DTYPES[idt]}, found {DTYPES[odt]}"
-        )
+        raise DTypeError(f"output: expected the input's dtype {DTYPES[idt]}, found {DTYPES[odt]}")
     if dev != odev:
         raise InvalidArgumentError("output: expected the input's device, found another device")
 
@@ -395,7 +499,9 @@ def default_timeout() -> float:
                 return t
         except ValueError:
             pass
-        raise InvalidArgumentError(f"FOURD_TIMEOUT_S: expected a positive number of seconds, found {v!r}")
+        raise InvalidArgumentError(
+            f"FOURD_TIMEOUT_S: expected a positive number of seconds, found {v!r}"
+        )
     return 300.0
 
 
@@ -405,7 +511,7 @@ _state = threading.local()
 _init_hooks: list = []
 _lock = threading.Lock()
 _current: Grid | None = None
-_all_grids: "weakref.WeakSet[Grid]" = weakref.WeakSet()
+_all_grids: weakref.WeakSet[Grid] = weakref.WeakSet()
 _was_finalized = False
 
 
@@ -417,8 +523,13 @@ def _parse_order(order) -> str:
     return order
 
 
-def _mpi_library_problem(mpi4py_version: str, mpi4py_initialized: bool, fourd_version: str,
-                         fourd_initialized: bool, abi_mismatch: str) -> str | None:
+def _mpi_library_problem(
+    mpi4py_version: str,
+    mpi4py_initialized: bool,
+    fourd_version: str,
+    fourd_initialized: bool,
+    abi_mismatch: str,
+) -> str | None:
     """Why fourd's MPI cannot work with mpi4py's in this process, or None. Two MPI libraries
     in one process either answer separately (fourd's is then never initialised, and mpi4py's
     communicators mean nothing to it) or, when the other library's symbols are global in the
@@ -431,28 +542,110 @@ def _mpi_library_problem(mpi4py_version: str, mpi4py_initialized: bool, fourd_ve
     def first(v: str) -> str:
         return v.strip().splitlines()[0] if v.strip() else "?"
 
-    if mpi4py_version.strip() != fourd_version.strip() or (mpi4py_initialized
-                                                            and not fourd_initialized):
-        return ("fourd: mpi4py and fourd use two different MPI libraries in this process "
-                f"(mpi4py: \"{first(mpi4py_version)}\"; fourd: \"{first(fourd_version)}\"), so "
-                "mpi4py's communicators mean nothing to fourd. Use one MPI for both: build fourd "
-                "against the MPI that mpi4py uses (see mpi4py.get_config()), or install mpi4py "
-                "and the MPI fourd was built with (pip install --force-reinstall mpich mpi4py).")
+    if mpi4py_version.strip() != fourd_version.strip() or (
+        mpi4py_initialized and not fourd_initialized
+    ):
+        return (
+            "fourd: mpi4py and fourd use two different MPI libraries in this process "
+            f'(mpi4py: "{first(mpi4py_version)}"; fourd: "{first(fourd_version)}"), so '
+            "mpi4py's communicators mean nothing to fourd. Use one MPI for both: build fourd "
+            "against the MPI that mpi4py uses (see mpi4py.get_config()), or install mpi4py "
+            "and the MPI fourd was built with (pip install --force-reinstall mpich mpi4py)."
+        )
     return None
 
 
 def _check_mpi_library(MPI) -> None:
     """Raises BackendError when fourd and mpi4py do not share one MPI library (no MPI call
     with a handle is made before this check)."""
-    problem = _mpi_library_problem(MPI.Get_library_version(), bool(MPI.Is_initialized()),
-                                   _C.mpi_library_version(), bool(_C.mpi_initialized()),
-                                   _C.mpi_abi_mismatch())
+    problem = _mpi_library_problem(
+        MPI.Get_library_version(),
+        bool(MPI.Is_initialized()),
+        _C.mpi_library_version(),
+        bool(_C.mpi_initialized()),
+        _C.mpi_abi_mismatch(),
+    )
     if problem:
         raise BackendError(problem)
 
 
-def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm=None, *,
-         timeout=None, debug=None, plan=None) -> Grid:
+def _grid_sizes(x, y, z, data, world: int):
+    """(sizes, first local error). Bad values become -1 so that the native agreement check
+    still runs on every rank (and every rank raises)."""
+    error = None
+    sizes = []
+    for name, v in zip(AXES[:3], (x, y, z)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            error = error or InvalidArgumentError(
+                f"{name}: expected an integer grid size >= 1, found {v!r}"
+            )
+            v = -1
+        sizes.append(v)
+    if data is None:
+        # world / (x*y*z); when it does not divide, the native agreement check reports the
+        # product on every rank (so no rank is left waiting).
+        xyz = sizes[0] * sizes[1] * sizes[2]
+        data = max(1, world // xyz) if xyz > 0 else 1
+    elif not isinstance(data, int) or isinstance(data, bool):
+        error = error or InvalidArgumentError(
+            f"data: expected an integer grid size >= 1 or None, found {data!r}"
+        )
+        data = -1
+    sizes.append(data)
+    return sizes, error
+
+
+def _ranks_per_node(ranks_per_node):
+    """(rpn for the native grid: 0 none, -1 invalid; the local error), FOURD_RANKS_PER_NODE
+    when the argument is None."""
+    if ranks_per_node is None:
+        env = os.environ.get("FOURD_RANKS_PER_NODE", "").strip()
+        if not env:
+            return 0, None
+        try:
+            ranks_per_node = int(env)
+        except ValueError:
+            return -1, InvalidArgumentError(
+                f"FOURD_RANKS_PER_NODE: expected an integer >= 1, found {env!r}"
+            )
+    ok = isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
+    if ok and ranks_per_node >= 1:
+        return ranks_per_node, None
+    return -1, InvalidArgumentError(
+        f"ranks_per_node: expected None or an integer >= 1, found {ranks_per_node!r}"
+    )
+
+
+def _native_args(x, y, z, data, order, ranks_per_node, timeout, world: int):
+    """The native grid's arguments and the first error found locally (raised only if the
+    native grid, which compares every rank's arguments first, does not raise its own)."""
+    sizes, error = _grid_sizes(x, y, z, data, world)
+    try:
+        order_s = _parse_order(order)
+    except InvalidArgumentError as e:
+        error, order_s = error or e, "invalid"
+    rpn, rpn_error = _ranks_per_node(ranks_per_node)
+    error = error or rpn_error
+    try:
+        t = default_timeout() if timeout is None else _timeout(timeout)
+    except InvalidArgumentError as e:
+        error, t = error or e, -1.0
+    return (sizes, order_s, rpn, t if t > 0 else -1.0), error
+
+
+def init(
+    x=1,
+    y=1,
+    z=1,
+    data=None,
+    order="x-y-z-data",
+    ranks_per_node=None,
+    comm=None,
+    *,
+    timeout=None,
+    debug=None,
+    plan=None,
+) -> Grid:
     """Build the 4D grid over the ranks of `comm` (default MPI.COMM_WORLD). Collective: every
     rank must pass the same arguments (checked; a mismatch raises on every rank)."""
     global _current, _was_finalized
@@ -465,56 +658,11 @@ def init(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm
         data = kw.get("data", data)
         order = kw.get("order", order)
     comm = MPI.COMM_WORLD if comm is None else comm
-    world = comm.Get_size()
-    local_error = None
-    sizes = []
-    for name, v in zip(AXES[:3], (x, y, z)):
-        if not isinstance(v, int) or isinstance(v, bool):
-            local_error = local_error or InvalidArgumentError(
-                f"{name}: expected an integer grid size >= 1, found {v!r}")
-            v = -1
-        sizes.append(v)
-    if data is None:
-        # world / (x*y*z); when it does not divide, the native agreement check reports the
-        # product on every rank (so no rank is left waiting).
-        xyz = sizes[0] * sizes[1] * sizes[2]
-        data = max(1, world // xyz) if xyz > 0 else 1
-    elif not isinstance(data, int) or isinstance(data, bool):
-        local_error = local_error or InvalidArgumentError(
-            f"data: expected an integer grid size >= 1 or None, found {data!r}")
-        data = -1
-    sizes.append(data)
-    try:
-        order_s = _parse_order(order)
-    except InvalidArgumentError as e:
-        local_error = local_error or e
-        order_s = "invalid"
-    if ranks_per_node is None:
-        env = os.environ.get("FOURD_RANKS_PER_NODE", "").strip()
-        if env:
-            try:
-                ranks_per_node = int(env)
-            except ValueError:
-                local_error = local_error or InvalidArgumentError(
-                    f"FOURD_RANKS_PER_NODE: expected an integer >= 1, found {env!r}")
-                ranks_per_node = -1
-    if ranks_per_node is None:
-        rpn = 0
-    elif isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool) and ranks_per_node >= 1:
-        rpn = ranks_per_node
-    else:
-        local_error = local_error or InvalidArgumentError(
-            f"ranks_per_node: expected None or an integer >= 1, found {ranks_per_node!r}")
-        rpn = -1
-    try:
-        t = default_timeout() if timeout is None else _timeout(timeout)
-    except InvalidArgumentError as e:
-        local_error = local_error or e
-        t = -1.0
+    args, local_error = _native_args(x, y, z, data, order, ranks_per_node, timeout, comm.Get_size())
     dbg = _env_flag("FOURD_DEBUG") if debug is None else bool(debug)
     abort = _env_flag("FOURD_ABORT_ON_TIMEOUT")
     try:
-        native = _C.Grid(comm.py2f(), sizes, order_s, rpn, t if t > 0 else -1.0, dbg, abort)
+        native = _C.Grid(comm.py2f(), *args, dbg, abort)
     except Exception:
         if local_error is not None:
             raise local_error from None

@@ -203,11 +203,14 @@ class Group:
         return pg
 
     def __repr__(self) -> str:
-        return (f"fourd.parallel_state.Group({self.name!r}, axes={'+'.join(self.axes)}, "
-                f"ranks={list(self._ranks)}, rank={self._rank})")
+        return (
+            f"fourd.parallel_state.Group({self.name!r}, axes={'+'.join(self.axes)}, "
+            f"ranks={list(self._ranks)}, rank={self._rank})"
+        )
 
 
 # ---- module state --------------------------------------------------------------------------
+
 
 class _State:
     def __init__(self):
@@ -224,9 +227,20 @@ _torch_info: dict | None = None  # set once torch.distributed is up (from MPI or
 _torch_default = None  # the default group _torch_info and _torch_groups belong to
 
 
-def initialize(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None, comm=None, *,
-               grid=None, torch_distributed: bool = False, backend: str | None = None,
-               timeout=None):
+def initialize(
+    x=1,
+    y=1,
+    z=1,
+    data=None,
+    order="x-y-z-data",
+    ranks_per_node=None,
+    comm=None,
+    *,
+    grid=None,
+    torch_distributed: bool = False,
+    backend: str | None = None,
+    timeout=None,
+):
     """Build (or adopt) the 4D grid and make Megatron's getters answer from it.
 
     Collective over `comm` (default MPI.COMM_WORLD): every rank passes the same arguments, as for
@@ -240,23 +254,50 @@ def initialize(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None
         if _state.grid is not None:
             raise InvalidArgumentError(
                 "fourd.parallel_state.initialize: already initialised; call "
-                "destroy_model_parallel() first")
+                "destroy_model_parallel() first"
+            )
     if grid is not None:
-        given = {"x": x, "y": y, "z": z, "data": data, "order": order,
-                 "ranks_per_node": ranks_per_node, "comm": comm}
-        defaults = {"x": 1, "y": 1, "z": 1, "data": None, "order": "x-y-z-data",
-                    "ranks_per_node": None, "comm": None}
+        given = {
+            "x": x,
+            "y": y,
+            "z": z,
+            "data": data,
+            "order": order,
+            "ranks_per_node": ranks_per_node,
+            "comm": comm,
+        }
+        defaults = {
+            "x": 1,
+            "y": 1,
+            "z": 1,
+            "data": None,
+            "order": "x-y-z-data",
+            "ranks_per_node": None,
+            "comm": None,
+        }
         clash = [k for k in given if given[k] != defaults[k]]
         if clash:
             raise InvalidArgumentError(
                 f"grid: expected either an existing grid or grid sizes, found both (grid and "
-                f"{', '.join(clash)})")
+                f"{', '.join(clash)})"
+            )
         if not isinstance(grid, _grid.Grid):
             raise InvalidArgumentError(f"grid: expected a fourd.Grid, found {type(grid).__name__}")
         g, owns = grid, False
     else:
-        g, owns = _grid.init(x=x, y=y, z=z, data=data, order=order,
-                                ranks_per_node=ranks_per_node, comm=comm, timeout=timeout), True
+        g, owns = (
+            _grid.init(
+                x=x,
+                y=y,
+                z=z,
+                data=data,
+                order=order,
+                ranks_per_node=ranks_per_node,
+                comm=comm,
+                timeout=timeout,
+            ),
+            True,
+        )
     with _lock:
         _state.grid = g
         _state.owns_grid = owns
@@ -268,9 +309,15 @@ def initialize(x=1, y=1, z=1, data=None, order="x-y-z-data", ranks_per_node=None
     return g
 
 
-def initialize_model_parallel(tensor_model_parallel_size: int = 1,
-                              pipeline_model_parallel_size: int = 1, *, x=None, y=None, z=None,
-                              **kwargs):
+def initialize_model_parallel(
+    tensor_model_parallel_size: int = 1,
+    pipeline_model_parallel_size: int = 1,
+    *,
+    x=None,
+    y=None,
+    z=None,
+    **kwargs,
+):
     """Megatron's entry point. The tensor-parallel size alone does not say how to split it over
     x, y and z: pass x=, y=, z= (their product must equal tensor_model_parallel_size when that
     is given too); with only the size, the whole of it goes to x (Megatron's 1D tensor
@@ -278,7 +325,8 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     if pipeline_model_parallel_size != 1:
         raise InvalidArgumentError(
             f"pipeline_model_parallel_size: fourd's grid has no pipeline axis; expected 1, found "
-            f"{pipeline_model_parallel_size}")
+            f"{pipeline_model_parallel_size}"
+        )
     if x is None and y is None and z is None:
         x, y, z = tensor_model_parallel_size, 1, 1
     else:
@@ -286,7 +334,8 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
         if tensor_model_parallel_size not in (1, x * y * z):
             raise InvalidArgumentError(
                 f"tensor_model_parallel_size: expected x*y*z = {x * y * z}, found "
-                f"{tensor_model_parallel_size}")
+                f"{tensor_model_parallel_size}"
+            )
     return initialize(x=x, y=y, z=z, **kwargs)
 
 
@@ -315,7 +364,8 @@ def get_grid():
     g = _state.grid
     if g is None:
         raise NotInitializedError(
-            "fourd.parallel_state: not initialised; call fourd.parallel_state.initialize() first")
+            "fourd.parallel_state: not initialised; call fourd.parallel_state.initialize() first"
+        )
     return g
 
 
@@ -346,11 +396,14 @@ def get_group(axis) -> Group:
 
 
 # Megatron's names of two groups; every other group is named by its axes (fourd.grid.mask_name).
-_NAMES = {_C.parse_axis("+".join(TP_AXES)): "tensor_model_parallel",
-          _C.parse_axis("data"): "data_parallel"}
+_NAMES = {
+    _C.parse_axis("+".join(TP_AXES)): "tensor_model_parallel",
+    _C.parse_axis("data"): "data_parallel",
+}
 
 
 # ---- Megatron-Core getters -----------------------------------------------------------------
+
 
 def get_tensor_model_parallel_group(check_initialized: bool = True) -> Group:
     """x*y*z combined."""
@@ -377,8 +430,9 @@ def get_model_parallel_group(check_initialized: bool = True) -> Group:
     return get_tensor_model_parallel_group(check_initialized)
 
 
-def get_data_parallel_group(with_context_parallel: bool = False,
-                            partial_data_parallel: bool = False) -> Group:
+def get_data_parallel_group(
+    with_context_parallel: bool = False, partial_data_parallel: bool = False
+) -> Group:
     """The data axis. Context parallelism has size 1, so with_context_parallel changes nothing;
     partial data parallelism (distributed-optimizer instances) is not supported."""
     if partial_data_parallel:
@@ -386,13 +440,15 @@ def get_data_parallel_group(with_context_parallel: bool = False,
     return get_group("data")
 
 
-def get_data_parallel_rank(with_context_parallel: bool = False,
-                           partial_data_parallel: bool = False) -> int:
+def get_data_parallel_rank(
+    with_context_parallel: bool = False, partial_data_parallel: bool = False
+) -> int:
     return get_data_parallel_group(with_context_parallel, partial_data_parallel).rank()
 
 
-def get_data_parallel_world_size(with_context_parallel: bool = False,
-                                 partial_data_parallel: bool = False) -> int:
+def get_data_parallel_world_size(
+    with_context_parallel: bool = False, partial_data_parallel: bool = False
+) -> int:
     return get_data_parallel_group(with_context_parallel, partial_data_parallel).size()
 
 
@@ -487,6 +543,7 @@ class _SelfGroup:
 
 # ---- torch.distributed from MPI ------------------------------------------------------------
 
+
 def _master_address(comm) -> str:
     """An address of rank 0 that every rank can reach: loopback when all ranks share a host,
     else rank 0's first non-loopback IPv4 address (FOURD_TORCH_MASTER_ADDR overrides)."""
@@ -526,8 +583,14 @@ def _start_torch_distributed(comm, backend: str | None) -> None:
     store, err = None, None
     if rank == 0:
         try:
-            store = dist.TCPStore(addr if addr != "127.0.0.1" else "127.0.0.1", 0, size, True,
-                                  timeout=timeout, wait_for_workers=False)
+            store = dist.TCPStore(
+                addr if addr != "127.0.0.1" else "127.0.0.1",
+                0,
+                size,
+                True,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
             port = store.port
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err, port = repr(e), -1
@@ -565,7 +628,8 @@ def init_torch_distributed(grid=None, backend: str | None = None) -> dict:
     if len(set(torch_rank_of)) != len(torch_rank_of):
         raise InvalidArgumentError(
             "torch.distributed: its ranks do not match the grid's processes (two grid ranks "
-            f"share torch rank; torch ranks by grid rank: {torch_rank_of})")
+            f"share torch rank; torch ranks by grid rank: {torch_rank_of})"
+        )
     with _lock:
         _torch_info = {"torch_rank_of": torch_rank_of, "backend": dist.get_backend()}
         _torch_default = dist.group.WORLD

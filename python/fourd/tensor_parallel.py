@@ -93,10 +93,12 @@ def _check_divides(fn: str, t: torch.Tensor, dim: int, g: _Resolved):
         which = "last" if dim == -1 else "first"
         raise InvalidArgumentError(
             f"{fn}: input: expected its {which} dimension to be divisible by the group size "
-            f"{g.size} ({mask_name(g.mask.mask)}), found {n} (shape {tuple(t.shape)})")
+            f"{g.size} ({mask_name(g.mask.mask)}), found {n} (shape {tuple(t.shape)})"
+        )
 
 
 # ---- primitives (no autograd) -------------------------------------------------------------
+
 
 def _all_reduce(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     out = t.detach().clone(memory_format=torch.contiguous_format)
@@ -141,6 +143,7 @@ def _reduce_scatter_last(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
 
 # ---- autograd functions -------------------------------------------------------------------
 
+
 def _split_first(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     return _split(t, 0, g)
 
@@ -160,8 +163,11 @@ def _mapping(name: str, forward, backward):
     def bwd(ctx, dy):
         return backward(dy, ctx.g), None
 
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
+    return type(
+        name,
+        (torch.autograd.Function,),
+        {"forward": staticmethod(fwd), "backward": staticmethod(bwd)},
+    )
 
 
 def _identity_view(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
@@ -181,8 +187,7 @@ _ScatterFirst = _mapping("_ScatterFirst", _split_first, _gather_first)
 _GatherFirst = _mapping("_GatherFirst", _gather_first, _reduce_scatter_first)
 _GatherFirstSplitGrad = _mapping("_GatherFirstSplitGrad", _gather_first, _split_first)
 _ReduceScatterFirst = _mapping("_ReduceScatterFirst", _reduce_scatter_first, _gather_first)
-_GatherLastReduceScatter = _mapping("_GatherLastReduceScatter", _gather_last,
-                                    _reduce_scatter_last)
+_GatherLastReduceScatter = _mapping("_GatherLastReduceScatter", _gather_last, _reduce_scatter_last)
 _ReduceScatterLast = _mapping("_ReduceScatterLast", _reduce_scatter_last, _gather_last)
 
 
@@ -201,6 +206,7 @@ def _apply(fn: str, function, input_, group, divide_dim=None, need_dim=False):
 
 # ---- public API ----------------------------------------------------------------------------
 
+
 def copy_to_tensor_model_parallel_region(input_, group=None):
     """Forward: identity. Backward: all-reduce (sum) of the gradient over `group`."""
     return _apply("copy_to_tensor_model_parallel_region", _CopyToRegion, input_, group)
@@ -213,25 +219,30 @@ def reduce_from_tensor_model_parallel_region(input_, group=None):
 
 def scatter_to_tensor_model_parallel_region(input_, group=None):
     """Forward: keep chunk (group rank) of the last dimension. Backward: all-gather it."""
-    return _apply("scatter_to_tensor_model_parallel_region", _ScatterLast, input_, group,
-                  divide_dim=-1)
+    return _apply(
+        "scatter_to_tensor_model_parallel_region", _ScatterLast, input_, group, divide_dim=-1
+    )
 
 
 def gather_from_tensor_model_parallel_region(input_, group=None):
     """Forward: all-gather along the last dimension. Backward: keep my chunk of the gradient."""
-    return _apply("gather_from_tensor_model_parallel_region", _GatherLast, input_, group,
-                  need_dim=True)
+    return _apply(
+        "gather_from_tensor_model_parallel_region", _GatherLast, input_, group, need_dim=True
+    )
 
 
 def scatter_to_sequence_parallel_region(input_, group=None):
     """Forward: keep chunk (group rank) of the first dimension. Backward: all-gather it."""
-    return _apply("scatter_to_sequence_parallel_region", _ScatterFirst, input_, group,
-                  divide_dim=0)
+    return _apply("scatter_to_sequence_parallel_region", _ScatterFirst, input_, group, divide_dim=0)
 
 
-def gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad: bool = True,
-                                         group=None, output_split_sizes=None,
-                                         use_global_buffer: bool = False):
+def gather_from_sequence_parallel_region(
+    input_,
+    tensor_parallel_output_grad: bool = True,
+    group=None,
+    output_split_sizes=None,
+    use_global_buffer: bool = False,
+):
     """Forward: all-gather along the first dimension. Backward: reduce-scatter of the gradient
     (tensor_parallel_output_grad=True, the gradient is a partial sum on each rank) or keep my
     chunk (False, the gradient is already complete on each rank). Uneven splits
@@ -239,30 +250,47 @@ def gather_from_sequence_parallel_region(input_, tensor_parallel_output_grad: bo
     if output_split_sizes is not None:
         raise InvalidArgumentError(
             "gather_from_sequence_parallel_region: output_split_sizes: uneven splits are not "
-            "supported; expected None")
+            "supported; expected None"
+        )
     function = _GatherFirst if tensor_parallel_output_grad else _GatherFirstSplitGrad
-    return _apply("gather_from_sequence_parallel_region", function, input_, group,
-                  need_dim=True)
+    return _apply("gather_from_sequence_parallel_region", function, input_, group, need_dim=True)
 
 
-def reduce_scatter_to_sequence_parallel_region(input_, group=None, input_split_sizes=None,
-                                               use_global_buffer: bool = False):
+def reduce_scatter_to_sequence_parallel_region(
+    input_, group=None, input_split_sizes=None, use_global_buffer: bool = False
+):
     """Forward: reduce-scatter (sum) along the first dimension. Backward: all-gather it."""
     if input_split_sizes is not None:
         raise InvalidArgumentError(
             "reduce_scatter_to_sequence_parallel_region: input_split_sizes: uneven splits are "
-            "not supported; expected None")
-    return _apply("reduce_scatter_to_sequence_parallel_region", _ReduceScatterFirst, input_,
-                  group, divide_dim=0)
+            "not supported; expected None"
+        )
+    return _apply(
+        "reduce_scatter_to_sequence_parallel_region",
+        _ReduceScatterFirst,
+        input_,
+        group,
+        divide_dim=0,
+    )
 
 
 def all_gather_last_dim_from_tensor_parallel_region(input_, group=None):
     """Forward: all-gather along the last dimension. Backward: reduce-scatter along it."""
-    return _apply("all_gather_last_dim_from_tensor_parallel_region", _GatherLastReduceScatter,
-                  input_, group, need_dim=True)
+    return _apply(
+        "all_gather_last_dim_from_tensor_parallel_region",
+        _GatherLastReduceScatter,
+        input_,
+        group,
+        need_dim=True,
+    )
 
 
 def reduce_scatter_last_dim_to_tensor_parallel_region(input_, group=None):
     """Forward: reduce-scatter (sum) along the last dimension. Backward: all-gather along it."""
-    return _apply("reduce_scatter_last_dim_to_tensor_parallel_region", _ReduceScatterLast,
-                  input_, group, divide_dim=-1)
+    return _apply(
+        "reduce_scatter_last_dim_to_tensor_parallel_region",
+        _ReduceScatterLast,
+        input_,
+        group,
+        divide_dim=-1,
+    )

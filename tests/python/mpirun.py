@@ -18,12 +18,15 @@ def mpiexec() -> str:
     """The mpiexec beside this Python (the mpich wheel's), never another one on PATH."""
     exe = Path(sys.executable).parent / "mpiexec"
     if not exe.exists():
-        pytest.fail(f"mpiexec not found next to {sys.executable}: install fourd with its mpich dependency")
+        pytest.fail(
+            f"mpiexec not found next to {sys.executable}: install fourd with its mpich dependency"
+        )
     return str(exe)
 
 
-def run_mpi(n: int, args: list[str], timeout: float = 300, env: dict | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
+def run_mpi(
+    n: int, args: list[str], timeout: float = 300, env: dict | None = None, check: bool = True
+) -> subprocess.CompletedProcess:
     """Runs `python -m mpi4py <args>` on n ranks. On timeout the whole process group is killed
     and the test fails with the output so far. `python -m mpi4py` aborts the job when a rank
     raises, so one failing rank never leaves the others waiting."""
@@ -34,26 +37,57 @@ def run_mpi(n: int, args: list[str], timeout: float = 300, env: dict | None = No
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     if env:
         full_env.update(env)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, cwd=str(ROOT), env=full_env, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=str(ROOT),
+        env=full_env,
+        text=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"mpiexec -n {n} {' '.join(args)} timed out after {timeout} s and was killed:\n{out[-6000:]}")
+        pytest.fail(
+            f"mpiexec -n {n} {' '.join(args)} timed out after {timeout} s and was killed:\n"
+            f"{out[-6000:]}"
+        )
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
     if check and proc.returncode != 0:
-        pytest.fail(f"mpiexec -n {n} {' '.join(args)} failed with rc={proc.returncode}:\n{out[-8000:]}")
+        pytest.fail(
+            f"mpiexec -n {n} {' '.join(args)} failed with rc={proc.returncode}:\n{out[-8000:]}"
+        )
     return result
 
 
-def run_mpi_pytest(n: int, files: list[str], timeout: float = 600, env: dict | None = None,
-                   extra: list[str] | None = None):
+def run_mpi_pytest(
+    n: int,
+    files: list[str],
+    timeout: float = 600,
+    env: dict | None = None,
+    extra: list[str] | None = None,
+):
     """Runs multi-rank pytest files (tests/python/mpi/par_*.py) on n ranks."""
-    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=par_*.py",
-            "--rootdir", str(MPI_DIR), *(extra or []), *[str(MPI_DIR / f) for f in files]]
+    args = [
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "python_files=par_*.py",
+        "--rootdir",
+        str(MPI_DIR),
+        *(extra or []),
+        *[str(MPI_DIR / f) for f in files],
+    ]
     r = run_mpi(n, args, timeout=timeout, env=env)
     assert " passed" in r.stdout, r.stdout[-4000:]
-    assert " failed" not in r.stdout and " error" not in r.stdout.lower().split("passed")[-1], r.stdout[-4000:]
+    assert " failed" not in r.stdout and " error" not in r.stdout.lower().split("passed")[-1], (
+        r.stdout[-4000:]
+    )
     return r

@@ -7,9 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from mpirun import run_mpi
+
 from fourd.bench import bounds, check, report
 from fourd.bench.options import DTYPES, HelpRequested, UsageError, default_grid, parse, parse_rate
+from mpirun import run_mpi
 
 
 def p4(*argv, hosts=None, environ=None):
@@ -17,6 +18,7 @@ def p4(*argv, hosts=None, environ=None):
 
 
 # ---- command line ------------------------------------------------------------------------------
+
 
 def test_defaults_on_four_ranks():
     cfg = p4()
@@ -35,8 +37,30 @@ def test_defaults_on_four_ranks():
 
 
 def test_nccl_tests_names_and_lists():
-    cfg = p4("-b", "8", "-e", "128K", "-f", "2", "-n", "5", "-w", "0", "-c", "0", "-d", "half,bf16",
-             "-o", "all", "--collective", "all", "--algorithm", "flat,auto", "--baseline", "none")
+    cfg = p4(
+        "-b",
+        "8",
+        "-e",
+        "128K",
+        "-f",
+        "2",
+        "-n",
+        "5",
+        "-w",
+        "0",
+        "-c",
+        "0",
+        "-d",
+        "half,bf16",
+        "-o",
+        "all",
+        "--collective",
+        "all",
+        "--algorithm",
+        "flat,auto",
+        "--baseline",
+        "none",
+    )
     assert cfg.sizes[0] == 8 and cfg.sizes[-1] == 128 * 1024 and len(cfg.sizes) == 15
     assert (cfg.iters, cfg.warmup, cfg.check) == (5, 0, 0)
     assert cfg.dtypes == ["float16", "bfloat16"]
@@ -59,7 +83,9 @@ def test_grid_axes_and_rates():
     assert parse_rate("4gbit") == pytest.approx(0.5e9)
     assert parse_rate("1.25gbps") == pytest.approx(1.25e9)
     assert p4(environ={"FOURD_CLUSTER_RATE_BPS": "8000000000"}).link_rate == pytest.approx(1e9)
-    assert p4("--link-rate", "800mbit", environ={"FOURD_CLUSTER_RATE_BPS": "1"}).link_rate == pytest.approx(1e8)
+    assert p4(
+        "--link-rate", "800mbit", environ={"FOURD_CLUSTER_RATE_BPS": "1"}
+    ).link_rate == pytest.approx(1e8)
 
 
 def test_default_grid_follows_hosts():
@@ -70,37 +96,40 @@ def test_default_grid_follows_hosts():
     assert default_grid(4, ["a", "b", "a", "b"])[0]["data"] == 4  # interleaved hosts
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["-b", "1M", "-e", "1K"], "-e/--maxbytes"),
-    (["-b", "12Q"], "argument -b/--minbytes"),
-    (["-f", "1"], "-f/--stepfactor"),
-    (["-f", "2", "-i", "1K"], "found both"),
-    (["-n", "0"], "-n/--iters"),
-    (["-c", "-1"], "-c/--check"),
-    (["-d", "uint32"], "-d/--datatype"),
-    (["-d", "all,float"], "'all' cannot be combined"),
-    (["-o", "mulsum"], "-o/--op"),
-    (["--collective", "alltoall"], "--collective"),
-    (["--algorithm", "tree"], "--algorithm"),
-    (["--baseline", "nccl"], "--baseline"),
-    (["--baseline", "mpi,none"], "'none' cannot be combined"),
-    (["--axis", "w"], "--axis"),
-    (["--axis", "y"], "nothing to measure"),
-    (["--grid", "x=3"], "must divide"),
-    (["--grid", "x=2,data=3"], "must equal the number of ranks (4)"),
-    (["--grid", "q=2"], "--grid"),
-    (["--order", "x-y-z"], "--order"),
-    (["--ranks-per-node", "0"], "--ranks-per-node"),
-    (["--link-rate", "fast"], "--link-rate"),
-    (["--json", "/nonexistent-folder/x.json"], "does not exist"),
-    (["--plot", "x.txt"], "--plot"),
-    (["--frobnicate"], "unrecognized arguments"),
-    (["-T", "0"], "-T/--timeout"),
-    (["--timing", "wall"], "--timing"),
-    (["-R", "0"], "-R/--rounds"),
-    (["--target-time", "0"], "--target-time"),
-    (["--target-time", "0.1", "-n", "5"], "give one"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["-b", "1M", "-e", "1K"], "-e/--maxbytes"),
+        (["-b", "12Q"], "argument -b/--minbytes"),
+        (["-f", "1"], "-f/--stepfactor"),
+        (["-f", "2", "-i", "1K"], "found both"),
+        (["-n", "0"], "-n/--iters"),
+        (["-c", "-1"], "-c/--check"),
+        (["-d", "uint32"], "-d/--datatype"),
+        (["-d", "all,float"], "'all' cannot be combined"),
+        (["-o", "mulsum"], "-o/--op"),
+        (["--collective", "alltoall"], "--collective"),
+        (["--algorithm", "tree"], "--algorithm"),
+        (["--baseline", "nccl"], "--baseline"),
+        (["--baseline", "mpi,none"], "'none' cannot be combined"),
+        (["--axis", "w"], "--axis"),
+        (["--axis", "y"], "nothing to measure"),
+        (["--grid", "x=3"], "must divide"),
+        (["--grid", "x=2,data=3"], "must equal the number of ranks (4)"),
+        (["--grid", "q=2"], "--grid"),
+        (["--order", "x-y-z"], "--order"),
+        (["--ranks-per-node", "0"], "--ranks-per-node"),
+        (["--link-rate", "fast"], "--link-rate"),
+        (["--json", "/nonexistent-folder/x.json"], "does not exist"),
+        (["--plot", "x.txt"], "--plot"),
+        (["--frobnicate"], "unrecognized arguments"),
+        (["-T", "0"], "-T/--timeout"),
+        (["--timing", "wall"], "--timing"),
+        (["-R", "0"], "-R/--rounds"),
+        (["--target-time", "0"], "--target-time"),
+        (["--target-time", "0.1", "-n", "5"], "give one"),
+    ],
+)
 def test_bad_arguments(argv, fragment):
     with pytest.raises(UsageError) as e:
         p4(*argv)
@@ -110,13 +139,32 @@ def test_bad_arguments(argv, fragment):
 def test_help():
     with pytest.raises(HelpRequested) as h:
         p4("-h")
-    for flag in ("--minbytes", "--maxbytes", "--stepfactor", "--iters", "--warmup_iters", "--check",
-                 "--datatype", "--op", "--collective", "--axis", "--algorithm", "--grid", "--order",
-                 "--ranks-per-node", "--baseline", "--json", "--csv", "--plot", "--quiet"):
+    for flag in (
+        "--minbytes",
+        "--maxbytes",
+        "--stepfactor",
+        "--iters",
+        "--warmup_iters",
+        "--check",
+        "--datatype",
+        "--op",
+        "--collective",
+        "--axis",
+        "--algorithm",
+        "--grid",
+        "--order",
+        "--ranks-per-node",
+        "--baseline",
+        "--json",
+        "--csv",
+        "--plot",
+        "--quiet",
+    ):
         assert flag in h.value.text
 
 
 # ---- check oracle ------------------------------------------------------------------------------
+
 
 def _simulate(op, dtype, inputs):
     vals = np.stack([check.from_storage(a, dtype) for a in inputs])
@@ -139,9 +187,15 @@ def test_oracle_is_exact_for_every_dtype_and_op(dtype, p):
             continue
         inputs = [check.to_storage(check.reduce_input(op, dtype, p, g, n), dtype) for g in range(p)]
         for g, a in enumerate(inputs):  # inputs are exact in the storage type
-            assert np.array_equal(check.from_storage(a, dtype), check.reduce_input(op, dtype, p, g, n))
+            assert np.array_equal(
+                check.from_storage(a, dtype), check.reduce_input(op, dtype, p, g, n)
+            )
         got = _simulate(op, dtype, inputs)
-        assert check.count_wrong(got, dtype, check.reduced(op, dtype, p, 0, n), op) == 0, (op, dtype, p)
+        assert check.count_wrong(got, dtype, check.reduced(op, dtype, p, 0, n), op) == 0, (
+            op,
+            dtype,
+            p,
+        )
         # a block at an offset (reduce-scatter) is the same slice of the full result
         full = check.reduced(op, dtype, p, 0, n)
         assert np.array_equal(check.reduced(op, dtype, p, 123, 456), full[123:579])
@@ -156,7 +210,7 @@ def test_oracle_detects_misplaced_and_unwritten_data():
     exp = check.gathered(p, n)
     got = check.to_storage(exp, "float32")
     assert check.count_wrong(got, "float32", exp) == 0
-    got[n:2 * n] = 0
+    got[n : 2 * n] = 0
     assert check.count_wrong(got, "float32", exp) == n
     swapped = np.concatenate([check.gather_input(1, n), check.gather_input(0, n)])
     assert check.count_wrong(check.to_storage(swapped, "int8"), "int8", check.gathered(2, n)) > 0
@@ -164,6 +218,7 @@ def test_oracle_detects_misplaced_and_unwritten_data():
 
 
 # ---- bounds ------------------------------------------------------------------------------------
+
 
 def test_bus_factors_and_bounds():
     assert bounds.bus_factor("all_reduce", 4) == 1.5
@@ -184,28 +239,65 @@ def test_bus_factors_and_bounds():
 
 # ---- JSON schema, CSV, plot --------------------------------------------------------------------
 
+
 def _row(**kw):
     r = {k: None for k, _ in report.ROW_FIELDS}
-    r.update(collective="all_reduce", axis="x", library="fourd", algorithm="flat", in_place=False,
-             size_bytes=1024, requested_bytes=1024, count=256, dtype="float32", op="sum",
-             group_size=2, groups=2, nodes=1, ranks_per_node=2, iters=5, warmup=1, check_iters=1, rounds=1,
-             time_us=10.0, time_us_min=9.0, time_us_median=10.0, time_us_p99=12.0,
-             time_us_max=12.0, time_us_rank_avg=9.5, algbw_gbps=0.1, busbw_gbps=0.1,
-             bus_factor=1.0, wrong=0, times_us=[9.0, 10.0, 12.0], round_times_us=[10.0])
+    r.update(
+        collective="all_reduce",
+        axis="x",
+        library="fourd",
+        algorithm="flat",
+        in_place=False,
+        size_bytes=1024,
+        requested_bytes=1024,
+        count=256,
+        dtype="float32",
+        op="sum",
+        group_size=2,
+        groups=2,
+        nodes=1,
+        ranks_per_node=2,
+        iters=5,
+        warmup=1,
+        check_iters=1,
+        rounds=1,
+        time_us=10.0,
+        time_us_min=9.0,
+        time_us_median=10.0,
+        time_us_p99=12.0,
+        time_us_max=12.0,
+        time_us_rank_avg=9.5,
+        algbw_gbps=0.1,
+        busbw_gbps=0.1,
+        bus_factor=1.0,
+        wrong=0,
+        times_us=[9.0, 10.0, 12.0],
+        round_times_us=[10.0],
+    )
     r.update(kw)
     return r
 
 
 def _doc(rows):
     doc = {k: (t() if isinstance(t, type) else None) for k, t in report.TOP_FIELDS}
-    doc.update(schema=report.SCHEMA, schema_version=report.SCHEMA_VERSION, start_time="now",
-               duration_s=1.0, rows=rows, ok=True, summary=report.summarize(rows))
+    doc.update(
+        schema=report.SCHEMA,
+        schema_version=report.SCHEMA_VERSION,
+        start_time="now",
+        duration_s=1.0,
+        rows=rows,
+        ok=True,
+        summary=report.summarize(rows),
+    )
     return doc
 
 
 def test_schema_validation_and_writers(tmp_path):
-    rows = [_row(), _row(library="mpi", algorithm="mpi", time_us=20.0),
-            _row(in_place=True, ratio_vs_mpi=2.0)]
+    rows = [
+        _row(),
+        _row(library="mpi", algorithm="mpi", time_us=20.0),
+        _row(in_place=True, ratio_vs_mpi=2.0),
+    ]
     doc = _doc(rows)
     assert report.validate(doc) == []
     bad = json.loads(json.dumps(doc))
@@ -227,8 +319,12 @@ def test_schema_validation_and_writers(tmp_path):
     rows[0]["efficiency"] = float("nan")  # written as null
     report.write_json(str(jp), doc)
     assert json.loads(jp.read_text())["rows"][0]["efficiency"] is None
-    auto = _row(algorithm="auto", auto_choice="ring", auto_choices=["ring", "shm"],
-                auto_tuning={"state": "settled", "candidates": ["ring", "shm"]})
+    auto = _row(
+        algorithm="auto",
+        auto_choice="ring",
+        auto_choices=["ring", "shm"],
+        auto_tuning={"state": "settled", "candidates": ["ring", "shm"]},
+    )
     report.write_csv(str(cp), rows + [auto])
     with open(cp) as f:
         table = list(csv.DictReader(f))
@@ -242,23 +338,29 @@ def test_schema_validation_and_writers(tmp_path):
 
 # ---- auto check --------------------------------------------------------------------------------
 
+
 def test_auto_check_counts_cells_and_the_run_noise():
     def cell(alg, t, med, size, choice=None):
-        return _row(algorithm=alg, time_us=t, time_us_median=med, size_bytes=size,
-                    auto_choice=choice)
+        return _row(
+            algorithm=alg, time_us=t, time_us_median=med, size_bytes=size, auto_choice=choice
+        )
+
     rows = [
         # 1 KiB: auto ran ring, 1.05x the fastest (rhd) by time, 1.0x by median: within.
-        cell("auto", 10.5, 9.0, 1024, "ring"), cell("ring", 12.0, 9.5, 1024),
+        cell("auto", 10.5, 9.0, 1024, "ring"),
+        cell("ring", 12.0, 9.5, 1024),
         cell("rhd", 10.0, 9.0, 1024),
         # 4 KiB: auto ran rhd, 1.5x by time (a stall) but 1.05x by median.
-        cell("auto", 30.0, 10.5, 4096, "rhd"), cell("rhd", 20.0, 10.0, 4096),
+        cell("auto", 30.0, 10.5, 4096, "rhd"),
+        cell("rhd", 20.0, 10.0, 4096),
         _row(library="mpi", algorithm="mpi", time_us=1.0, size_bytes=4096),  # not a fourd cell
         # 16 KiB: no auto cell, not counted.
         cell("ring", 5.0, 5.0, 16384),
         # 64 KiB: the groups settled on ring and shm: counted by time (1.2x, a miss), but no
         # single cell ran what auto ran, so not in the noise or the choice figures.
         dict(cell("auto", 12.0, 12.0, 65536, "ring"), auto_choices=["ring", "shm"]),
-        cell("ring", 10.0, 10.0, 65536), cell("shm", 11.0, 11.0, 65536),
+        cell("ring", 10.0, 10.0, 65536),
+        cell("shm", 11.0, 11.0, 65536),
     ]
     ac = report.auto_check(rows)
     assert (ac["cells"], ac["within_by_time"], ac["within_by_median"]) == (3, 1, 2)
@@ -278,20 +380,45 @@ def test_auto_check_counts_cells_and_the_run_noise():
 
 # ---- under mpiexec ----------------------------------------------------------------------------
 
+
 def test_bench_runs_under_mpi(tmp_path):
     """A short real sweep on 4 ranks: every check passes, fourd and baseline rows exist, and the
     three files are valid."""
     jp, cp, pp = tmp_path / "b.json", tmp_path / "b.csv", tmp_path / "b.png"
-    r = run_mpi(4, ["-m", "fourd.bench", "-b", "1K", "-e", "4K", "-n", "2", "--collective", "all",
-                    "-d", "float,bf16", "--axis", "x,world", "--json", str(jp), "--csv", str(cp),
-                    "--plot", str(pp)],
-                timeout=300)
+    r = run_mpi(
+        4,
+        [
+            "-m",
+            "fourd.bench",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-n",
+            "2",
+            "--collective",
+            "all",
+            "-d",
+            "float,bf16",
+            "--axis",
+            "x,world",
+            "--json",
+            str(jp),
+            "--csv",
+            str(cp),
+            "--plot",
+            str(pp),
+        ],
+        timeout=300,
+    )
     out = r.stdout
     assert "# Out of bounds values : 0 OK" in out, out[-3000:]
     assert "Collective test concluded" in out
     assert "# auto within 10% of the fastest single algorithm: " in out, out[-3000:]
-    assert "# auto's choice: the algorithm it ran, in its own cell, within 10% of the fastest in " \
-        in out, out[-3000:]
+    assert (
+        "# auto's choice: the algorithm it ran, in its own cell, within 10% of the fastest in "
+        in out
+    ), out[-3000:]
     doc = json.loads(jp.read_text())
     assert report.validate(doc) == [], report.validate(doc)[:5]
     rows = doc["rows"]
@@ -306,8 +433,10 @@ def test_bench_runs_under_mpi(tmp_path):
     auto = [r for r in rows if r["algorithm"] == "auto"]
     assert auto and all(r["auto_choice"] for r in auto)
     # One choice per group of the axis (x: 2 groups), rank 0's group first.
-    assert all(len(r["auto_choices"]) == r["groups"] and r["auto_choices"][0] == r["auto_choice"]
-               for r in auto), [(r["axis"], r["groups"], r["auto_choices"]) for r in auto]
+    assert all(
+        len(r["auto_choices"]) == r["groups"] and r["auto_choices"][0] == r["auto_choice"]
+        for r in auto
+    ), [(r["axis"], r["groups"], r["auto_choices"]) for r in auto]
     ar = [r for r in rows if r["library"] == "fourd" and r["collective"] == "all_reduce"]
     assert any(r["ratio_vs_mpi"] for r in ar)
     for r in rows:
@@ -321,9 +450,30 @@ def test_batch_timing_under_mpi(tmp_path):
     """--timing batch (nccl-tests' way): one clock read per batch on each rank, so every
     iteration carries the batch average, and the JSON says which timing was used."""
     jp = tmp_path / "b.json"
-    r = run_mpi(2, ["-m", "fourd.bench", "-b", "8", "-e", "64", "-n", "50", "--collective",
-                    "all_reduce", "--algorithm", "flat", "--baseline", "mpi", "--timing", "batch",
-                    "--json", str(jp)], timeout=120)
+    r = run_mpi(
+        2,
+        [
+            "-m",
+            "fourd.bench",
+            "-b",
+            "8",
+            "-e",
+            "64",
+            "-n",
+            "50",
+            "--collective",
+            "all_reduce",
+            "--algorithm",
+            "flat",
+            "--baseline",
+            "mpi",
+            "--timing",
+            "batch",
+            "--json",
+            str(jp),
+        ],
+        timeout=120,
+    )
     assert "--timing batch" in r.stdout, r.stdout[-2000:]
     doc = json.loads(jp.read_text())
     assert report.validate(doc) == [], report.validate(doc)[:5]
@@ -339,9 +489,30 @@ def test_rounds_under_mpi(tmp_path):
     """--rounds 3: every cell is measured three times and reports its median round, with every
     round's time kept; every round's checks count in #wrong."""
     jp = tmp_path / "b.json"
-    r = run_mpi(2, ["-m", "fourd.bench", "-b", "1K", "-e", "64K", "-n", "3", "-c", "2", "-R", "3",
-                    "--collective", "all_reduce,all_gather", "--baseline", "mpi",
-                    "--json", str(jp)], timeout=180)
+    r = run_mpi(
+        2,
+        [
+            "-m",
+            "fourd.bench",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-n",
+            "3",
+            "-c",
+            "2",
+            "-R",
+            "3",
+            "--collective",
+            "all_reduce,all_gather",
+            "--baseline",
+            "mpi",
+            "--json",
+            str(jp),
+        ],
+        timeout=180,
+    )
     assert "rounds 3 (rotated order; median round)" in r.stdout, r.stdout[-2000:]
     doc = json.loads(jp.read_text())
     assert report.validate(doc) == [], report.validate(doc)[:5]

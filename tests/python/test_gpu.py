@@ -178,9 +178,7 @@ def test_permute_blocks(block_bytes):
     assert torch.equal(dst, want)
 
 
-@pytest.mark.parametrize(
-    ("n", "backend"), [(1, "auto"), (1, "mpi"), (2, "auto"), (4, "auto")]
-)
+@pytest.mark.parametrize(("n", "backend"), [(1, "auto"), (1, "mpi"), (2, "auto"), (4, "auto")])
 def test_collectives_on_cuda(n, backend):
     """Every collective on CUDA tensors against the CPU path, under mpiexec on n ranks (auto:
     NCCL with one GPU per rank, MPI where ranks share a GPU; mpi: FOURD_CUDA_BACKEND=mpi)."""
@@ -216,9 +214,30 @@ def test_gpt_example_on_cuda(n, shape, tmp_path):
     ref, _ = ex.run_reference(ex.parse_args(["--reference", "--steps", "20"]))
     out = tmp_path / "run.json"
     x, y, z, d = shape
-    run_mpi(n, [str(example), "--x", str(x), "--y", str(y), "--z", str(z), "--data", str(d),
-                "--steps", "20", "--overlap", "all", "--device", "cuda", "--quiet",
-                "--json", str(out)], timeout=300)
+    run_mpi(
+        n,
+        [
+            str(example),
+            "--x",
+            str(x),
+            "--y",
+            str(y),
+            "--z",
+            str(z),
+            "--data",
+            str(d),
+            "--steps",
+            "20",
+            "--overlap",
+            "all",
+            "--device",
+            "cuda",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
+        timeout=300,
+    )
     got = json.loads(out.read_text())["results"]["all"]["losses"]
     rel = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{n} ranks {shape}: largest relative loss difference to the CPU reference {rel:.2e}")

@@ -24,14 +24,28 @@ def test_gpu_part_compiles_and_links(tmp_path):
     if nvcc is None:
         pytest.skip("no CUDA toolkit (nvcc) on this machine: the GPU part cannot be compiled here")
     build = tmp_path / "build-gpu"
-    cfg = [_tool("cmake"), "-S", str(ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}",
-           f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", "-DFOURD_CUDA=ON", "-DFOURD_BUILD_TESTS=ON",
-           "-DFOURD_BUILD_PYTHON=ON", "-DFOURD_DEV_COPY_MODULE=OFF", "-DCMAKE_BUILD_TYPE=Release", "-G", "Ninja",
-           f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+    cfg = [
+        _tool("cmake"),
+        "-S",
+        str(ROOT),
+        "-B",
+        str(build),
+        f"-DPython_EXECUTABLE={sys.executable}",
+        f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+        "-DFOURD_CUDA=ON",
+        "-DFOURD_BUILD_TESTS=ON",
+        "-DFOURD_BUILD_PYTHON=ON",
+        "-DFOURD_DEV_COPY_MODULE=OFF",
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-G",
+        "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+    ]
     r = subprocess.run(cfg, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "GPU part ON" in r.stdout, r.stdout[-3000:]
-    r = subprocess.run([_tool("cmake"), "--build", str(build), "-j2"], capture_output=True, text=True,
-                       timeout=1800)
+    r = subprocess.run(
+        [_tool("cmake"), "--build", str(build), "-j2"], capture_output=True, text=True, timeout=1800
+    )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert (build / "tests" / "cpp" / "gpu").exists()

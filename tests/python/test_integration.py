@@ -27,6 +27,7 @@ def _example():
 
 # ---- serial: one rank ------------------------------------------------------------------------
 
+
 @pytest.fixture
 def one_rank():
     import fourd.parallel_state as ps
@@ -65,14 +66,15 @@ def test_overlap_and_sync_on_one_rank(one_rank):
     mod.load_state_dict(ref.state_dict())
     x = torch.randn(4, 8)
     ref(x).square().sum().backward()
-    with fnn.overlap(mod, all_reduce=True, reduce_scatter=True, all_gather=True,
-                     grad_reduce=True) as ov:
+    with fnn.overlap(
+        mod, all_reduce=True, reduce_scatter=True, all_gather=True, grad_reduce=True
+    ) as ov:
         for _ in range(2):
             mod.zero_grad(set_to_none=True)
             mod(x).square().sum().backward()
             fnn.sync_gradients(mod)
         assert ov.learned_order == [mod[0], mod[2]]
-    for (n, p), (_, q) in zip(mod.named_parameters(), ref.named_parameters()):
+    for (_n, p), (_, q) in zip(mod.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad.view_as(q.grad), q.grad, rtol=1e-5, atol=1e-6)
     fnn.sync_gradients(mod)  # the plain path on one rank: nothing to reduce, grads unchanged
     torch.testing.assert_close(mod[0].weight.grad.view(16, 8), ref[0].weight.grad)
@@ -110,6 +112,7 @@ def test_example_reference_runs_and_learns():
 
 # ---- multi-rank ------------------------------------------------------------------------------
 
+
 # 8 ranks: every factorization of (x, y, z, data) the layer sizes allow (the proof);
 # 4-rank grids are covered by the example run below.
 @pytest.mark.parametrize("n", [8])
@@ -136,16 +139,39 @@ def test_gpt_example_matches_single_process(n, shape, mode, tmp_path):
     out = tmp_path / "run.json"
     x, y, z, d = shape
     sel = ["--sweep"] if mode == "sweep" else ["--overlap", mode]
-    run_mpi(n, [str(EXAMPLE), "--x", str(x), "--y", str(y), "--z", str(z), "--data", str(d),
-                "--steps", "20", "--quiet", "--json", str(out), *sel], timeout=300)
+    run_mpi(
+        n,
+        [
+            str(EXAMPLE),
+            "--x",
+            str(x),
+            "--y",
+            str(y),
+            "--z",
+            str(z),
+            "--data",
+            str(d),
+            "--steps",
+            "20",
+            "--quiet",
+            "--json",
+            str(out),
+            *sel,
+        ],
+        timeout=300,
+    )
     res = json.loads(out.read_text())["results"]
     want = {"none", "oar", "ors", "oag", "dp", "all"} if mode == "sweep" else {mode}
     assert set(res) == want
     for name, r in res.items():
         assert len(r["losses"]) == 20
-        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref_losses),
-                                   rtol=LOSS_RTOL, atol=0.0,
-                                   msg=lambda m: f"{shape} overlap={name}: {m}")
+        torch.testing.assert_close(
+            torch.tensor(r["losses"]),
+            torch.tensor(ref_losses),
+            rtol=LOSS_RTOL,
+            atol=0.0,
+            msg=lambda m, shape=shape, name=name: f"{shape} overlap={name}: {m}",
+        )
         if name == "all":
             st = r["stats"]
             assert st.get("buckets_early", 0) > 0, st

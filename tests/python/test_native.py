@@ -21,15 +21,29 @@ def test_ctest(tmp_path):
     build = Path(os.environ.get("FOURD_NATIVE_BUILD_DIR", tmp_path / "build"))
     cmake = _tool("cmake")
     ninja = _tool("ninja")
-    cfg = [cmake, "-S", str(ROOT), "-B", str(build), f"-DPython_EXECUTABLE={sys.executable}",
-           f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", "-DFOURD_BUILD_TESTS=ON",
-           "-DFOURD_BUILD_PYTHON=OFF", "-DFOURD_CUDA=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+    cfg = [
+        cmake,
+        "-S",
+        str(ROOT),
+        "-B",
+        str(build),
+        f"-DPython_EXECUTABLE={sys.executable}",
+        f"-Dpybind11_DIR={pybind11.get_cmake_dir()}",
+        "-DFOURD_BUILD_TESTS=ON",
+        "-DFOURD_BUILD_PYTHON=OFF",
+        "-DFOURD_CUDA=OFF",
+        "-DCMAKE_BUILD_TYPE=Release",
+    ]
     if ninja:
         cfg += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
     subprocess.run(cfg, check=True, timeout=300)
     subprocess.run([cmake, "--build", str(build), "-j2"], check=True, timeout=900)
-    r = subprocess.run([_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--timeout", "300"],
-                       capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        [_tool("ctest"), "--test-dir", str(build), "--output-on-failure", "--timeout", "300"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     print(r.stdout[-5000:])
     assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-2000:]
     assert "100% tests passed" in r.stdout

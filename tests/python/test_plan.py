@@ -60,9 +60,17 @@ def test_placement_closed_form_matches_enumeration(rpn):
 
 def test_strides_and_orders():
     assert M.strides({"x": 2, "y": 3, "z": 4, "data": 5}, "x-y-z-data") == {
-        "x": 1, "y": 2, "z": 6, "data": 24}
+        "x": 1,
+        "y": 2,
+        "z": 6,
+        "data": 24,
+    }
     assert M.strides({"x": 2, "y": 3, "z": 4, "data": 5}, "data-z-y-x") == {
-        "data": 1, "z": 5, "y": 20, "x": 60}
+        "data": 1,
+        "z": 5,
+        "y": 20,
+        "x": 60,
+    }
     with pytest.raises(ValueError, match="permutation"):
         M.parse_order("x-y-z")
     # size-1 axes do not multiply the orders
@@ -74,8 +82,17 @@ def test_strides_and_orders():
 
 
 def tiny_spec(**kw):
-    base = dict(name="tiny", layers=1, hidden=8, heads=4, seq_len=4, vocab=16, global_batch=4,
-                micro_batch=1, recompute=False)
+    base = dict(
+        name="tiny",
+        layers=1,
+        hidden=8,
+        heads=4,
+        seq_len=4,
+        vocab=16,
+        global_batch=4,
+        micro_batch=1,
+        recompute=False,
+    )
     base.update(kw)
     return M.TransformerSpec(**base)
 
@@ -184,8 +201,17 @@ def test_configurations_that_do_not_fit_are_excluded():
 
 
 def test_collective_model_is_the_cpp_model():
-    prof = P.Profile(name="unit", ranks_per_node=4, intra_alpha=1.0, intra_bw=1.0,
-                     inter_alpha=1.0, nic_bw=1.0, nics_per_node=4, reduce_bw=2.0, memcpy_bw=1.0)
+    prof = P.Profile(
+        name="unit",
+        ranks_per_node=4,
+        intra_alpha=1.0,
+        intra_bw=1.0,
+        inter_alpha=1.0,
+        nic_bw=1.0,
+        nics_per_node=4,
+        reduce_bw=2.0,
+        memcpy_bw=1.0,
+    )
     cm = M.CollectiveModel(prof)
     pl = M.Placement(4, 1, 4, True)
     # ring all-reduce, p=4, n=8: 6 (alpha + 2) + 0.75*8*0.5 = 21 (as in the C++ unit test)
@@ -292,11 +318,32 @@ def test_validate_reports_the_median_error(tmp_path):
             for n in (1 << 10, 1 << 16, 1 << 20):
                 shape = C.GroupShape(8, 2, 4, True)
                 t = C.predict(coll, algo, n, "float32", shape, native) * 1e6
-                rows.append(dict(collective=coll, axis="x", algorithm=algo, size_bytes=n,
-                                 dtype="float32", time_us=t * 1.1, group_size=8, nodes=2,
-                                 ranks_per_node=4))
-    rows.append(dict(collective="all_reduce", axis="x", algorithm="mpi4py", size_bytes=1024,
-                     dtype="float32", time_us=5.0, group_size=8, nodes=2, ranks_per_node=4))
+                rows.append(
+                    dict(
+                        collective=coll,
+                        axis="x",
+                        algorithm=algo,
+                        size_bytes=n,
+                        dtype="float32",
+                        time_us=t * 1.1,
+                        group_size=8,
+                        nodes=2,
+                        ranks_per_node=4,
+                    )
+                )
+    rows.append(
+        dict(
+            collective="all_reduce",
+            axis="x",
+            algorithm="mpi4py",
+            size_bytes=1024,
+            dtype="float32",
+            time_us=5.0,
+            group_size=8,
+            nodes=2,
+            ranks_per_node=4,
+        )
+    )
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"rows": rows}))
     out = tmp_path / "v.md"
@@ -313,16 +360,37 @@ def test_validate_reports_the_median_error(tmp_path):
 
 
 def test_cli_json(capsys):
-    assert plan_main(["--model", "gpt-5b", "--gpus", "64", "--machine", "perlmutter", "--json",
-                      "--top", "3"]) == 0
+    assert (
+        plan_main(
+            ["--model", "gpt-5b", "--gpus", "64", "--machine", "perlmutter", "--json", "--top", "3"]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert len(d["plans"]) == 3 and d["gpus"] == 64 and d["machine"] == "perlmutter"
     assert d["plans"][0]["step_time"] <= d["plans"][1]["step_time"]
 
 
 def test_cli_table_and_custom_model(capsys):
-    assert plan_main(["--layers", "4", "--hidden", "1024", "--heads", "8", "--gpus", "8",
-                      "--machine", "dgx-h100", "--global-batch", "64"]) == 0
+    assert (
+        plan_main(
+            [
+                "--layers",
+                "4",
+                "--hidden",
+                "1024",
+                "--heads",
+                "8",
+                "--gpus",
+                "8",
+                "--machine",
+                "dgx-h100",
+                "--global-batch",
+                "64",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "why:" in out and "Gx" in out
     assert plan_main(["--gpus", "8"]) == 2
@@ -352,6 +420,7 @@ def test_hierarchical_advantage_grows_with_nodes_as_in_pccl():
     reproduce = importlib.import_module("fourd.plan.reproduce")
     _, rows = reproduce.pccl_table("frontier")
     for coll in ("all_gather", "reduce_scatter"):
-        sel = [r["speedup_vs_flat"] for r in rows
-               if r["collective"] == coll and r["bytes"] == 16 << 20]
+        sel = [
+            r["speedup_vs_flat"] for r in rows if r["collective"] == coll and r["bytes"] == 16 << 20
+        ]
         assert sel == sorted(sel) and sel[0] > 1 and sel[-1] > 10 * sel[0] / 2

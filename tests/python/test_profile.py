@@ -18,17 +18,27 @@ C = fourd._C
 
 
 def test_calibration_fit_recovers_a_known_profile():
-    truth = Profile(name="truth", ranks_per_node=4, intra_alpha=3e-6, intra_bw=40e9,
-                    inter_alpha=12e-6, nic_bw=10e9, nics_per_node=4, flat_efficiency=0.7,
-                    reduce_bw=8e9, memcpy_bw=9e9)
+    truth = Profile(
+        name="truth",
+        ranks_per_node=4,
+        intra_alpha=3e-6,
+        intra_bw=40e9,
+        inter_alpha=12e-6,
+        nic_bw=10e9,
+        nics_per_node=4,
+        flat_efficiency=0.7,
+        reduce_bw=8e9,
+        memcpy_bw=9e9,
+    )
     native = truth.native()
     shapes = {"x": C.GroupShape(4, 1, 4, True), "y": C.GroupShape(3, 3, 1, True)}
 
     def measure(collective, axis, algorithm, nbytes):
         return C.predict(collective, algorithm, nbytes, "float32", shapes[axis], native)
 
-    fit = fit_profile(measure, ranks_per_node=4, nodes=3,
-                      local={"reduce_bw": 8e9, "memcpy_bw": 9e9})
+    fit = fit_profile(
+        measure, ranks_per_node=4, nodes=3, local={"reduce_bw": 8e9, "memcpy_bw": 9e9}
+    )
     assert fit.intra_alpha == pytest.approx(3e-6, rel=1e-4)
     assert fit.intra_bw == pytest.approx(40e9, rel=1e-4)
     assert fit.inter_alpha == pytest.approx(12e-6, rel=1e-4)
@@ -40,9 +50,18 @@ def test_calibration_fit_recovers_a_known_profile():
 def test_calibration_fit_recovers_the_cache_tier_and_shm():
     # A CPU node whose transfers are 2.5x faster in its 32 MiB cache: the all-gather sizes
     # straddle the edge, so the fit separates the streaming bandwidth from the gain.
-    truth = Profile(name="truth", ranks_per_node=4, intra_alpha=5e-6, intra_bw=2e9,
-                    reduce_bw=3e9, memcpy_bw=3e9, shm_bw=4e9, cache_bytes=32 * 2**20,
-                    cache_bw_gain=2.5, flat_efficiency=0.9)
+    truth = Profile(
+        name="truth",
+        ranks_per_node=4,
+        intra_alpha=5e-6,
+        intra_bw=2e9,
+        reduce_bw=3e9,
+        memcpy_bw=3e9,
+        shm_bw=4e9,
+        cache_bytes=32 * 2**20,
+        cache_bw_gain=2.5,
+        flat_efficiency=0.9,
+    )
     native = truth.native()
     shape = C.GroupShape(4, 1, 4, True)
 
@@ -51,8 +70,13 @@ def test_calibration_fit_recovers_the_cache_tier_and_shm():
         return C.predict(collective, algorithm, nbytes, "float32", shape, native)
 
     # the lone rank's copy sweep saw a smaller gain; the collective fit corrects it
-    fit = fit_profile(measure, ranks_per_node=4, nodes=1, cache=(32 * 2**20, 1.8),
-                      local={"reduce_bw": 3e9, "memcpy_bw": 3e9})
+    fit = fit_profile(
+        measure,
+        ranks_per_node=4,
+        nodes=1,
+        cache=(32 * 2**20, 1.8),
+        local={"reduce_bw": 3e9, "memcpy_bw": 3e9},
+    )
     assert fit.cache_bytes == 32 * 2**20
     assert fit.cache_bw_gain == pytest.approx(2.5, rel=1e-6)
     assert fit.intra_alpha == pytest.approx(5e-6, rel=1e-4)
@@ -70,9 +94,18 @@ def test_calibration_fits_the_ring_bandwidth_and_16bit_rates_on_the_all_reduces(
     # Two ranks of a 2-core node: a lone all-gather step copies at half the rate of the
     # all-reduce's steps. The all-gather gives the latency; the bandwidth follows the ring
     # all-reduce. The 16-bit rates come from the bfloat16 all-reduces, not the lone kernels.
-    truth = Profile(name="truth", ranks_per_node=2, intra_alpha=8e-6, intra_bw=6e9,
-                    reduce_bw=4e9, memcpy_bw=5e9, shm_bw=10e9, reduce_bw_16=7e9,
-                    shm_reduce_bw_16=3e9, flat_efficiency=1.0)
+    truth = Profile(
+        name="truth",
+        ranks_per_node=2,
+        intra_alpha=8e-6,
+        intra_bw=6e9,
+        reduce_bw=4e9,
+        memcpy_bw=5e9,
+        shm_bw=10e9,
+        reduce_bw_16=7e9,
+        shm_reduce_bw_16=3e9,
+        flat_efficiency=1.0,
+    )
     native = truth.native()
     slow_gather = truth.replace(intra_bw=3e9).native()
     shape = C.GroupShape(2, 1, 2, True)
@@ -82,9 +115,12 @@ def test_calibration_fits_the_ring_bandwidth_and_16bit_rates_on_the_all_reduces(
         return C.predict(collective, algorithm, nbytes, dtype, shape, prof)
 
     # the lone kernels claimed a shm rate 3.7x too fast (as measured on the 2-core VM)
-    fit = fit_profile(measure, ranks_per_node=2, nodes=1,
-                      local={"reduce_bw": 4e9, "memcpy_bw": 5e9, "reduce_bw_16": 9e9,
-                             "shm_reduce_bw_16": 11e9})
+    fit = fit_profile(
+        measure,
+        ranks_per_node=2,
+        nodes=1,
+        local={"reduce_bw": 4e9, "memcpy_bw": 5e9, "reduce_bw_16": 9e9, "shm_reduce_bw_16": 11e9},
+    )
     assert fit.intra_alpha == pytest.approx(8e-6, rel=1e-3)
     assert fit.intra_bw == pytest.approx(6e9, rel=1e-6)
     assert fit.shm_bw == pytest.approx(10e9, rel=1e-6)
@@ -93,9 +129,12 @@ def test_calibration_fits_the_ring_bandwidth_and_16bit_rates_on_the_all_reduces(
     assert "ring all-reduce" in fit.notes["intra_bw"]
     assert "bfloat16" in fit.notes["shm_reduce_bw_16"]
     # a measure without dtypes keeps the kernels' 16-bit figures
-    fit = fit_profile(lambda c, a, al, n: measure(c, a, al, n), ranks_per_node=2, nodes=1,
-                      local={"reduce_bw": 4e9, "memcpy_bw": 5e9, "reduce_bw_16": 9e9,
-                             "shm_reduce_bw_16": 11e9})
+    fit = fit_profile(
+        lambda c, a, al, n: measure(c, a, al, n),
+        ranks_per_node=2,
+        nodes=1,
+        local={"reduce_bw": 4e9, "memcpy_bw": 5e9, "reduce_bw_16": 9e9, "shm_reduce_bw_16": 11e9},
+    )
     assert (fit.reduce_bw_16, fit.shm_reduce_bw_16) == (9e9, 11e9)
     assert fit.intra_bw == pytest.approx(6e9, rel=1e-6)
 
@@ -114,8 +153,15 @@ def test_fit_cache_finds_the_edge_of_a_copy_sweep():
 
 
 def test_profile_files_without_the_new_fields_load_with_defaults(tmp_path):
-    old = {"name": "old", "ranks_per_node": 4, "intra_alpha": 1e-5, "intra_bw": 4e9,
-           "reduce_bw": 4e9, "memcpy_bw": 3e9, "shm_bw": 0.0}
+    old = {
+        "name": "old",
+        "ranks_per_node": 4,
+        "intra_alpha": 1e-5,
+        "intra_bw": 4e9,
+        "reduce_bw": 4e9,
+        "memcpy_bw": 3e9,
+        "shm_bw": 0.0,
+    }
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
     prof = store.load_profile(str(path))
@@ -163,12 +209,16 @@ def test_pruning_follows_the_prediction_at_the_next_size():
 
     ms = 1e-3
     # (algorithm, measured here, model here, model at the next size), seconds
-    timed = [("rhd", 2.35 * ms, 5.29 * ms, 33.5 * ms), ("rhd", 2.43 * ms, 5.29 * ms, 33.5 * ms),
-             ("ring", 2.21 * ms, 5.29 * ms, 33.5 * ms),
-             # shm: slower here in one placement, but its cost grows more slowly
-             ("shm", 3.57 * ms, 3.04 * ms, 15.1 * ms), ("shm", 2.96 * ms, 3.04 * ms, 15.1 * ms),
-             # flat: 1.8x slower here and growing as fast as ring: dropped
-             ("flat", 4.0 * ms, 5.65 * ms, 35.7 * ms)]
+    timed = [
+        ("rhd", 2.35 * ms, 5.29 * ms, 33.5 * ms),
+        ("rhd", 2.43 * ms, 5.29 * ms, 33.5 * ms),
+        ("ring", 2.21 * ms, 5.29 * ms, 33.5 * ms),
+        # shm: slower here in one placement, but its cost grows more slowly
+        ("shm", 3.57 * ms, 3.04 * ms, 15.1 * ms),
+        ("shm", 2.96 * ms, 3.04 * ms, 15.1 * ms),
+        # flat: 1.8x slower here and growing as fast as ring: dropped
+        ("flat", 4.0 * ms, 5.65 * ms, 35.7 * ms),
+    ]
     active = ["flat", "ring", "rhd", "shm"]
     # The mechanics with a threshold of 1.25 (the former default): flat, predicted 1.8x, goes.
     assert cal.still_measured(active, timed, 1.25) == ["ring", "rhd", "shm"]
@@ -189,9 +239,16 @@ def test_pruning_follows_the_prediction_at_the_next_size():
 
 
 def _point(alg, nbytes, factor, in_place=False, half16=False, group_size=4, nodes=1):
-    return {"collective": "all_reduce", "algorithm": alg, "group_size": group_size,
-            "nodes": nodes, "half16": half16, "in_place": in_place, "nbytes": float(nbytes),
-            "factor": factor}
+    return {
+        "collective": "all_reduce",
+        "algorithm": alg,
+        "group_size": group_size,
+        "nodes": nodes,
+        "half16": half16,
+        "in_place": in_place,
+        "nbytes": float(nbytes),
+        "factor": factor,
+    }
 
 
 def test_measured_corrections_bind_scale_predictions_and_round_trip(tmp_path):
@@ -201,24 +258,32 @@ def test_measured_corrections_bind_scale_predictions_and_round_trip(tmp_path):
     prof = C.MachineProfile(corrections=[_point("ring", n, 2.0, in_place=True)])
     assert prof.corrections == [_point("ring", n, 2.0, in_place=True)]
     ring = C.predict("all_reduce", "ring", n, "float32", shape, plain)
-    assert C.predict("all_reduce", "ring", n, "float32", shape, prof, True) == pytest.approx(2 * ring)
+    assert C.predict("all_reduce", "ring", n, "float32", shape, prof, True) == pytest.approx(
+        2 * ring
+    )
     # Out of place has no points of its own: the in-place ones stand in, until it has.
-    assert C.predict("all_reduce", "ring", n, "float32", shape, prof, False) == pytest.approx(2 * ring)
-    both = C.MachineProfile(corrections=[_point("ring", n, 2.0, in_place=True),
-                                         _point("ring", n, 1.0)])
+    assert C.predict("all_reduce", "ring", n, "float32", shape, prof, False) == pytest.approx(
+        2 * ring
+    )
+    both = C.MachineProfile(
+        corrections=[_point("ring", n, 2.0, in_place=True), _point("ring", n, 1.0)]
+    )
     assert C.predict("all_reduce", "ring", n, "float32", shape, both, False) == pytest.approx(ring)
     rows = {p.algorithm: p for p in C.candidates("all_reduce", n, "float32", shape, prof, True)}
     assert rows["ring"].correction == 2.0 and "measured" in rows["ring"].reason
     assert rows["rhd"].correction == 1.0
     # A profile file keeps them (extra keys such as measured_s are ignored by the binding).
     path = tmp_path / "p.json"
-    store.save({"name": "t", "corrections": [{**_point("shm", n, 0.5), "measured_s": 1e-3}]},
-               str(path))
+    store.save(
+        {"name": "t", "corrections": [{**_point("shm", n, 0.5), "measured_s": 1e-3}]}, str(path)
+    )
     native = to_native(store.load(str(path)), plain)
     assert native.corrections == [_point("shm", n, 0.5)]
     # Bad points are refused, naming what is wrong.
     with pytest.raises(ValueError, match="missing key 'factor'"):
-        C.MachineProfile(corrections=[{k: v for k, v in _point("ring", n, 1.0).items() if k != "factor"}])
+        C.MachineProfile(
+            corrections=[{k: v for k, v in _point("ring", n, 1.0).items() if k != "factor"}]
+        )
     with pytest.raises(ValueError, match="auto"):
         C.MachineProfile(corrections=[_point("auto", n, 1.0)])
     bad = C.MachineProfile(corrections=[_point("ring", n, -1.0)])
@@ -266,8 +331,12 @@ def test_policy_reads_the_cache_and_measures_again_when_it_is_unusable(tmp_path,
     assert path.startswith(str(tmp_path / "fourd" / "profile-")) and path.endswith("-2-1n.json")
     assert policy._decide(grid) == ("measure", None, path)  # no cache yet
     (tmp_path / "fourd").mkdir()
-    for text in ("{not json", json.dumps({"fourd_calibration": {"version": store.VERSION - 1},
-                                          "profile": {"intra_bw": 1e9}})):
+    for text in (
+        "{not json",
+        json.dumps(
+            {"fourd_calibration": {"version": store.VERSION - 1}, "profile": {"intra_bw": 1e9}}
+        ),
+    ):
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)  # corrupt, then written by another calibration version
         assert policy._decide(grid) == ("measure", None, path)

@@ -18,13 +18,18 @@ FAULTS = "tests/python/faults"
 @pytest.mark.parametrize("algorithm", ["flat", "ring"])
 def test_rank_skips_a_collective(algorithm):
     deadline = 2.0
-    r = run_mpi(4, [f"{FAULTS}/skip_collective.py", str(deadline), algorithm], timeout=60, check=False)
+    r = run_mpi(
+        4, [f"{FAULTS}/skip_collective.py", str(deadline), algorithm], timeout=60, check=False
+    )
     out = r.stdout
     if "is not built into" in out:
         pytest.fail(f"algorithm {algorithm} missing: {out[-2000:]}")
     assert r.returncode == 0, out[-4000:]
     for rank in range(3):
-        m = re.search(rf"rank {rank}: TIMEOUT-OK=(\w+) elapsed=([\d.]+) isinstance_builtin=(\w+) msg=(.*)", out)
+        m = re.search(
+            rf"rank {rank}: TIMEOUT-OK=(\w+) elapsed=([\d.]+) isinstance_builtin=(\w+) msg=(.*)",
+            out,
+        )
         assert m, out[-4000:]
         assert m.group(1) == "True" and m.group(3) == "True", m.group(0)
         assert float(m.group(2)) < deadline + 2
@@ -46,7 +51,9 @@ def test_killed_rank_ends_the_job():
     assert pids
     time.sleep(0.5)
     for pid in pids:
-        alive = os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read()
+        alive = (
+            os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read()
+        )
         assert not alive, f"rank process {pid} left behind"
 
 
@@ -86,8 +93,11 @@ def test_interrupt_within_100ms():
 def test_finalize_with_operations_in_flight():
     r = run_mpi(4, [f"{FAULTS}/exit_in_flight.py", "finalize"], timeout=120)
     for rank in range(4):
-        m = re.search(rf"rank {rank}: finalize=True done=True threads_before=(\d+) threads_after=(\d+) correct=True",
-                      r.stdout)
+        m = re.search(
+            rf"rank {rank}: finalize=True done=True threads_before=(\d+) "
+            rf"threads_after=(\d+) correct=True",
+            r.stdout,
+        )
         assert m, r.stdout[-3000:]
         assert int(m.group(2)) <= int(m.group(1)) + 1  # mpi4py/MPI may own one helper thread
         assert re.search(rf"rank {rank}: AFTER-FINALIZE", r.stdout)
@@ -151,8 +161,16 @@ def test_this_build_reaches_the_mpi_of_its_header():
 
     info = fourd.build_info()
     assert info["mpi_header_family"] == _C.mpi_header_family() and info["mpi_abi_mismatch"] == ""
-    assert _mpi_library_problem(MPI.Get_library_version(), bool(MPI.Is_initialized()),
-                                _C.mpi_library_version(), bool(_C.mpi_initialized()), "") is None
+    assert (
+        _mpi_library_problem(
+            MPI.Get_library_version(),
+            bool(MPI.Is_initialized()),
+            _C.mpi_library_version(),
+            bool(_C.mpi_initialized()),
+            "",
+        )
+        is None
+    )
 
 
 def test_two_mpi_libraries_are_refused_with_both_named():
@@ -167,8 +185,10 @@ def test_two_mpi_libraries_are_refused_with_both_named():
     # release)
     assert "two different MPI libraries" in _mpi_library_problem(_MPICH, True, _MPICH, False, "")
     # fourd's calls reach a library of another ABI family: the native message wins
-    assert _mpi_library_problem(_OMPI, True, _OMPI, True, "fourd: compiled against") == \
-        "fourd: compiled against"
+    assert (
+        _mpi_library_problem(_OMPI, True, _OMPI, True, "fourd: compiled against")
+        == "fourd: compiled against"
+    )
 
 
 def test_another_mpi_answering_fourd_is_refused_instead_of_crashing(tmp_path):
@@ -184,23 +204,38 @@ def test_another_mpi_answering_fourd_is_refused_instead_of_crashing(tmp_path):
     if cc is None:
         pytest.fail("no C compiler on PATH (needed to build the preloaded library)")
     other = "Open MPI" if _C.mpi_header_family() == "MPICH" else "MPICH"
-    banner = ("Open MPI v4.1.4, package: test, ident: 4.1.4" if other == "Open MPI"
-              else "MPICH Version:      4.2.0")
+    banner = (
+        "Open MPI v4.1.4, package: test, ident: 4.1.4"
+        if other == "Open MPI"
+        else "MPICH Version:      4.2.0"
+    )
     src = tmp_path / "other_mpi.c"
-    src.write_text("#include <string.h>\n"
-                   "int MPI_Get_library_version(char *v, int *n) {\n"
-                   f'  const char *s = "{banner}";\n'
-                   "  strcpy(v, s); *n = (int)strlen(s); return 0;\n}\n")
+    src.write_text(
+        "#include <string.h>\n"
+        "int MPI_Get_library_version(char *v, int *n) {\n"
+        f'  const char *s = "{banner}";\n'
+        "  strcpy(v, s); *n = (int)strlen(s); return 0;\n}\n"
+    )
     lib = tmp_path / "libother_mpi.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=120)
-    r = run_mpi(2, ["-c", "import fourd; fourd.init()"], timeout=120,
-                env={"LD_PRELOAD": str(lib)}, check=False)
+    r = run_mpi(
+        2,
+        ["-c", "import fourd; fourd.init()"],
+        timeout=120,
+        env={"LD_PRELOAD": str(lib)},
+        check=False,
+    )
     assert r.returncode != 0, r.stdout[-3000:]
     assert "fourd.errors.BackendError" in r.stdout, r.stdout[-3000:]
     assert f"but its MPI calls reach {other}" in r.stdout, r.stdout[-3000:]
     assert "Segmentation fault" not in r.stdout, r.stdout[-3000:]
     # `python -m fourd` shows the mismatch next to the header family
-    info = subprocess.run([sys.executable, "-m", "fourd"], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "LD_PRELOAD": str(lib)})
+    info = subprocess.run(
+        [sys.executable, "-m", "fourd"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LD_PRELOAD": str(lib)},
+    )
     assert info.returncode == 0, info.stderr
     assert f"MPI headers : {_C.mpi_header_family()}  ** fourd: it was compiled" in info.stdout

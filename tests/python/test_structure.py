@@ -509,8 +509,11 @@ def name_table_copies(path: Path, source: str | None = None) -> list[str]:
     for node in ast.walk(tree):
         if id(node) in exempt or id(node) in inner:
             continue
-        if isinstance(node, ast.Dict) and node.values and not any(
-                isinstance(v, ast.Constant) for v in node.values):
+        if (
+            isinstance(node, ast.Dict)
+            and node.values
+            and not any(isinstance(v, ast.Constant) for v in node.values)
+        ):
             # fourd's names mapped onto another library's objects (MPI.FLOAT, a torch op):
             # those cannot come from the native table, and the keys are checked against it
             # when the dict is built (an unknown name fails at its first use).

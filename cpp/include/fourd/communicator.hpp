@@ -19,14 +19,14 @@ namespace fourd {
 namespace detail {
 class CommState;
 class Group;
-}
+}  // namespace detail
 
 /// Per-call options.
 struct CallOptions {
   Algorithm algorithm = Algorithm::kAuto;
-  double timeoutSeconds = 0.0;   ///< <= 0: the communicator's default (FOURD_TIMEOUT_S, 300 s)
-  bool async = false;            ///< true: return at once, the progress thread runs it
-  bool accumulateFp32 = false;   ///< float16/bfloat16: keep partial sums in float32 across steps
+  double timeoutSeconds = 0.0;  ///< <= 0: the communicator's default (FOURD_TIMEOUT_S, 300 s)
+  bool async = false;           ///< true: return at once, the progress thread runs it
+  bool accumulateFp32 = false;  ///< float16/bfloat16: keep partial sums in float32 across steps
 };
 
 /// A group of ranks. Collectives are collective: every member calls them in the same order.
@@ -50,7 +50,8 @@ class Communicator {
   std::shared_ptr<Work> allReduce(const Buffer& in, const Buffer& out, ReduceOp op,
                                   const CallOptions& opts = {});
   /// out.count == size() * in.count; out = inputs concatenated in group-rank order.
-  std::shared_ptr<Work> allGather(const Buffer& in, const Buffer& out, const CallOptions& opts = {});
+  std::shared_ptr<Work> allGather(const Buffer& in, const Buffer& out,
+                                  const CallOptions& opts = {});
   /// in.count == size() * out.count; block i of the reduced input ends on group rank i.
   std::shared_ptr<Work> reduceScatter(const Buffer& in, const Buffer& out, ReduceOp op,
                                       const CallOptions& opts = {});

@@ -53,21 +53,21 @@ struct Correction {
 /// Costs of one machine. Seconds and bytes per second (1e9 = 1 GB/s).
 struct MachineProfile {
   std::string name = "default";
-  int ranksPerNode = 1;           ///< GPUs (or MPI ranks) per node
-  double intraAlpha = 1e-6;       ///< latency of one intra-node message, s
-  double intraBw = 10e9;          ///< per-rank intra-node bandwidth, B/s
-  double interAlpha = 5e-6;       ///< latency of one inter-node message, s
-  double nicBw = 12.5e9;          ///< bandwidth of one NIC, B/s
-  int nicsPerNode = 1;            ///< NICs per node; node injection Be = nicBw * nicsPerNode
-  double reduceBw = 5e9;          ///< bytes of input reduced per second by one rank (1/gamma)
-  double memcpyBw = 10e9;         ///< local copy bandwidth per rank, B/s
-  double flatEfficiency = 1.0;    ///< the MPI library's own collective relative to the ring model
+  int ranksPerNode = 1;         ///< GPUs (or MPI ranks) per node
+  double intraAlpha = 1e-6;     ///< latency of one intra-node message, s
+  double intraBw = 10e9;        ///< per-rank intra-node bandwidth, B/s
+  double interAlpha = 5e-6;     ///< latency of one inter-node message, s
+  double nicBw = 12.5e9;        ///< bandwidth of one NIC, B/s
+  int nicsPerNode = 1;          ///< NICs per node; node injection Be = nicBw * nicsPerNode
+  double reduceBw = 5e9;        ///< bytes of input reduced per second by one rank (1/gamma)
+  double memcpyBw = 10e9;       ///< local copy bandwidth per rank, B/s
+  double flatEfficiency = 1.0;  ///< the MPI library's own collective relative to the ring model
   /// flatEfficiency for float16 / bfloat16 reductions, which the library runs with a
   /// user-defined operator (no MPI datatype for them): its own algorithm choice and fused
   /// reduction do not apply, so its efficiency is measured apart; 0 means flatEfficiency.
   double flatEfficiency16 = 0.0;
-  double computeFlops = 1e12;     ///< dense matmul throughput per rank (planner only)
-  double memoryBytes = 80e9;      ///< memory per rank (planner only)
+  double computeFlops = 1e12;  ///< dense matmul throughput per rank (planner only)
+  double memoryBytes = 80e9;   ///< memory per rank (planner only)
   /// Direct rank-to-rank links inside a node, no switch (Perlmutter's 4 A100s): each rank's
   /// intraBw is split evenly over its R-1 peers, so a group of k of the R ranks of a node gets
   /// intraBw * (k-1)/(R-1). False for a switched node (NVSwitch, or a CPU's memory).
@@ -91,7 +91,7 @@ struct MachineProfile {
   /// transfers run cacheBwGain times faster; a working set W > cacheBytes keeps the fraction
   /// cacheBytes / W resident. 0 (the default, and right for GPU nodes whose intra-node links
   /// are not memory copies) disables the tier. Network (NIC) terms never use it.
-  double cacheBytes = 0.0;  ///< last-level cache shared by the ranks of one node, bytes
+  double cacheBytes = 0.0;   ///< last-level cache shared by the ranks of one node, bytes
   double cacheBwGain = 1.0;  ///< cache-resident bandwidth / streaming bandwidth, >= 1
   /// Measured corrections (see Correction). A prediction is multiplied by the factor of the
   /// points that match its collective, algorithm, group size, nodes, dtype class and
@@ -107,9 +107,9 @@ struct MachineProfile {
 /// the member it stands for, and what it means. profileFields() lists every field once, in
 /// declaration order; the Python binding and profile files are made from that list.
 struct ProfileField {
-  using Member = std::variant<std::string MachineProfile::*, int MachineProfile::*,
-                              double MachineProfile::*, bool MachineProfile::*,
-                              std::vector<Correction> MachineProfile::*>;
+  using Member =
+      std::variant<std::string MachineProfile::*, int MachineProfile::*, double MachineProfile::*,
+                   bool MachineProfile::*, std::vector<Correction> MachineProfile::*>;
   const char* name;
   Member member;
   const char* doc;
@@ -161,8 +161,7 @@ Algorithm choose(Collective collective, size_t nbytes, DataType dtype, const Gro
                  const MachineProfile& profile, bool inPlace = false);
 
 /// The correction factor of `profile` for one call (1 when no point matches).
-double correctionFactor(const MachineProfile& profile, Collective collective,
-                        Algorithm algorithm, const GroupShape& shape, DataType dtype,
-                        bool inPlace, size_t nbytes);
+double correctionFactor(const MachineProfile& profile, Collective collective, Algorithm algorithm,
+                        const GroupShape& shape, DataType dtype, bool inPlace, size_t nbytes);
 
 }  // namespace fourd

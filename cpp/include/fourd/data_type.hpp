@@ -26,14 +26,22 @@ inline constexpr int kNumDataTypes = 8;
 /// library) so that code linking no core library, such as the CUDA kernels, shares it.
 constexpr size_t dataTypeSize(DataType t) noexcept {
   switch (t) {
-    case DataType::kFloat32: return 4;
-    case DataType::kFloat64: return 8;
-    case DataType::kFloat16: return 2;
-    case DataType::kBFloat16: return 2;
-    case DataType::kInt8: return 1;
-    case DataType::kUInt8: return 1;
-    case DataType::kInt32: return 4;
-    case DataType::kInt64: return 8;
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kFloat64:
+      return 8;
+    case DataType::kFloat16:
+      return 2;
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kInt8:
+      return 1;
+    case DataType::kUInt8:
+      return 1;
+    case DataType::kInt32:
+      return 4;
+    case DataType::kInt64:
+      return 8;
   }
   return 0;
 }
@@ -78,14 +86,22 @@ namespace detail {
 /// through it.
 constexpr const char* dataTypeName(DataType t) noexcept {
   switch (t) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kInt8: return "int8";
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kUInt8:
+      return "uint8";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
   }
   return nullptr;
 }
@@ -93,11 +109,16 @@ constexpr const char* dataTypeName(DataType t) noexcept {
 /// The canonical name of `op` (as toString), or nullptr for a value outside the enum.
 constexpr const char* reduceOpName(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return nullptr;
 }

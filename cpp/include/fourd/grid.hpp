@@ -19,10 +19,10 @@ namespace fourd {
 struct GridConfig {
   std::array<int, kNumAxes> sizes{1, 1, 1, 1};  ///< indexed by Axis
   std::string order = "x-y-z-data";             ///< innermost first
-  int ranksPerNode = 0;          ///< > 0: virtual nodes of this many consecutive world ranks
-  double timeoutSeconds = 300.0; ///< default deadline of every wait
-  bool debug = false;            ///< compare every collective's fingerprint across its group
-  bool abortOnTimeout = false;   ///< MPI_Abort the job on a timeout
+  int ranksPerNode = 0;           ///< > 0: virtual nodes of this many consecutive world ranks
+  double timeoutSeconds = 300.0;  ///< default deadline of every wait
+  bool debug = false;             ///< compare every collective's fingerprint across its group
+  bool abortOnTimeout = false;    ///< MPI_Abort the job on a timeout
 };
 
 class Grid {

@@ -12,13 +12,13 @@ namespace fourd {
 
 /// The two-level topology of one group of ranks (k ranks per node on N nodes when uniform).
 struct GroupTopology {
-  int size = 0;                    ///< ranks in the group
-  int numNodes = 0;                ///< N: distinct nodes holding group members
-  std::vector<int> nodeIndex;      ///< per group rank: its node, 0..N-1 in order of first appearance
-  std::vector<int> localIndex;     ///< per group rank: its position among the members on its node
-  std::vector<int> ranksPerNode;   ///< per node index: how many members it holds
-  bool uniform = false;            ///< every node holds the same number of members
-  int k = 0;                       ///< members per node when uniform, else 0
+  int size = 0;                   ///< ranks in the group
+  int numNodes = 0;               ///< N: distinct nodes holding group members
+  std::vector<int> nodeIndex;     ///< per group rank: its node, 0..N-1 in order of first appearance
+  std::vector<int> localIndex;    ///< per group rank: its position among the members on its node
+  std::vector<int> ranksPerNode;  ///< per node index: how many members it holds
+  bool uniform = false;           ///< every node holds the same number of members
+  int k = 0;                      ///< members per node when uniform, else 0
 
   /// Group rank of the member with (node, local) = (n, l); -1 if none.
   int memberAt(int node, int local) const;

@@ -27,8 +27,7 @@ void flatAllGather(Schedule& s, void* buf, size_t blockCount, DataType t) {
   s.wait(h);
 }
 
-void flatAllReduce(Schedule& s, const void* in, void* out, size_t count, DataType t,
-                   ReduceOp op) {
+void flatAllReduce(Schedule& s, const void* in, void* out, size_t count, DataType t, ReduceOp op) {
   Backend* b = &s.backend();
   const Buffer bin(const_cast<void*>(in), count, t), bout(out, count, t);
   const auto h = s.collective([=](Requests& r) { b->iallReduce(bin, bout, op, r); });
@@ -53,7 +52,7 @@ void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, O
 
 }  // namespace
 
-extern const AlgorithmImpl kFlatAlgorithm = {Algorithm::kFlat, "flat", supports, allReduce,
-                                             allGather, reduceScatter};
+extern const AlgorithmImpl kFlatAlgorithm = {Algorithm::kFlat, "flat",    supports,
+                                             allReduce,        allGather, reduceScatter};
 
 }  // namespace fourd::detail

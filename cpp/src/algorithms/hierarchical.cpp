@@ -66,11 +66,15 @@ bool envLevel(const char* var, LevelAlgo* out) {
   if (!e || !*e) return false;
   const std::string v(e);
   if (v == "auto") return false;
-  if (v == "ring") *out = LevelAlgo::kRing;
-  else if (v == "rhd") *out = LevelAlgo::kRhd;
-  else if (v == "shm") *out = LevelAlgo::kShm;
+  if (v == "ring")
+    *out = LevelAlgo::kRing;
+  else if (v == "rhd")
+    *out = LevelAlgo::kRhd;
+  else if (v == "shm")
+    *out = LevelAlgo::kShm;
   else
-    throw InvalidArgument(std::string(var) + ": expected ring, rhd, shm or auto; found '" + v + "'");
+    throw InvalidArgument(std::string(var) + ": expected ring, rhd, shm or auto; found '" + v +
+                          "'");
   return true;
 }
 
@@ -127,17 +131,23 @@ size_t align64(size_t b) { return (b + 63) / 64 * 64; }
 
 size_t levelRSScratch(LevelAlgo a, const Blocks& B, size_t es) {
   switch (a) {
-    case LevelAlgo::kRing: return ringReduceScatterScratch(B, es);
-    case LevelAlgo::kRhd: return rhdReduceScatterScratch(B, es);
-    default: return 0;
+    case LevelAlgo::kRing:
+      return ringReduceScatterScratch(B, es);
+    case LevelAlgo::kRhd:
+      return rhdReduceScatterScratch(B, es);
+    default:
+      return 0;
   }
 }
 
 size_t levelARScratch(LevelAlgo a, size_t count, int p, size_t es) {
   switch (a) {
-    case LevelAlgo::kRing: return ringAllReduceScratch(count, p, es);
-    case LevelAlgo::kRhd: return rhdAllReduceScratch(count, p, es);
-    default: return 0;
+    case LevelAlgo::kRing:
+      return ringAllReduceScratch(count, p, es);
+    case LevelAlgo::kRhd:
+      return rhdAllReduceScratch(count, p, es);
+    default:
+      return 0;
   }
 }
 
@@ -145,28 +155,50 @@ size_t levelARScratch(LevelAlgo a, size_t count, int p, size_t es) {
 void levelRS(Schedule& s, LevelAlgo a, ShmWindow* w, const void* in, void* out, const Blocks& B,
              DataType t, ReduceOp op, void* scratch) {
   switch (a) {
-    case LevelAlgo::kRing: ringReduceScatter(s, in, out, B, t, op, scratch); break;
-    case LevelAlgo::kRhd: rhdReduceScatter(s, in, out, B, t, op, scratch); break;
-    case LevelAlgo::kShm: shmReduceScatter(s, *w, in, out, B, t, op); break;
-    case LevelAlgo::kFlat: flatReduceScatter(s, in, out, B.count(0), t, op); break;
+    case LevelAlgo::kRing:
+      ringReduceScatter(s, in, out, B, t, op, scratch);
+      break;
+    case LevelAlgo::kRhd:
+      rhdReduceScatter(s, in, out, B, t, op, scratch);
+      break;
+    case LevelAlgo::kShm:
+      shmReduceScatter(s, *w, in, out, B, t, op);
+      break;
+    case LevelAlgo::kFlat:
+      flatReduceScatter(s, in, out, B.count(0), t, op);
+      break;
   }
 }
 
 void levelAG(Schedule& s, LevelAlgo a, ShmWindow* w, void* buf, const Blocks& B, DataType t) {
   switch (a) {
-    case LevelAlgo::kRing: ringAllGather(s, buf, B, t); break;
-    case LevelAlgo::kRhd: rhdAllGather(s, buf, B, t); break;
-    case LevelAlgo::kShm: shmAllGather(s, *w, buf, B, t); break;
-    case LevelAlgo::kFlat: flatAllGather(s, buf, B.count(0), t); break;
+    case LevelAlgo::kRing:
+      ringAllGather(s, buf, B, t);
+      break;
+    case LevelAlgo::kRhd:
+      rhdAllGather(s, buf, B, t);
+      break;
+    case LevelAlgo::kShm:
+      shmAllGather(s, *w, buf, B, t);
+      break;
+    case LevelAlgo::kFlat:
+      flatAllGather(s, buf, B.count(0), t);
+      break;
   }
 }
 
 void levelAR(Schedule& s, LevelAlgo a, const void* in, void* out, size_t count, DataType t,
              ReduceOp op, void* scratch) {
   switch (a) {
-    case LevelAlgo::kRhd: rhdAllReduce(s, in, out, count, t, op, scratch); break;
-    case LevelAlgo::kFlat: flatAllReduce(s, in, out, count, t, op); break;
-    default: ringAllReduce(s, in, out, count, t, op, scratch); break;
+    case LevelAlgo::kRhd:
+      rhdAllReduce(s, in, out, count, t, op, scratch);
+      break;
+    case LevelAlgo::kFlat:
+      flatAllReduce(s, in, out, count, t, op);
+      break;
+    default:
+      ringAllReduce(s, in, out, count, t, op, scratch);
+      break;
   }
 }
 
@@ -290,8 +322,8 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
   const int C = chunkCount(g, out.bytes());
   const Blocks chunks = Blocks::even(m, C);
   const size_t maxChunk = chunks.maxCount();
-  L.choose(Collective::kAllGather, maxChunk * p * es, Collective::kAllGather,
-           maxChunk * L.N * es, t, maxChunk * L.N * es, ctx);
+  L.choose(Collective::kAllGather, maxChunk * p * es, Collective::kAllGather, maxChunk * L.N * es,
+           t, maxChunk * L.N * es, ctx);
   // T: chunk c occupies p * chunk elements at p * offset(c), laid out [local][node] x chunk.
   char* T = static_cast<char*>(g.scratch(0, std::max<size_t>(64, static_cast<size_t>(p) * m * es)));
   Schedule si(L.intra->backend(), laneTag(ctx, 1)), sr(L.rail->backend(), laneTag(ctx, 2));
@@ -374,8 +406,7 @@ void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, O
 
 }  // namespace
 
-extern const AlgorithmImpl kHierarchicalAlgorithm = {Algorithm::kHierarchical, "hierarchical",
-                                                     supports, allReduce, allGather,
-                                                     reduceScatter};
+extern const AlgorithmImpl kHierarchicalAlgorithm = {
+    Algorithm::kHierarchical, "hierarchical", supports, allReduce, allGather, reduceScatter};
 
 }  // namespace fourd::detail

@@ -16,12 +16,18 @@ bool shapeSupports(Collective c, Algorithm a, const Group& g, std::string* reaso
 
 const AlgorithmImpl* algorithmImpl(Algorithm a) {
   switch (a) {
-    case Algorithm::kFlat: return &kFlatAlgorithm;
-    case Algorithm::kRing: return &kRingAlgorithm;
-    case Algorithm::kRhd: return &kRhdAlgorithm;
-    case Algorithm::kHierarchical: return &kHierarchicalAlgorithm;
-    case Algorithm::kShm: return &kShmAlgorithm;
-    default: return nullptr;
+    case Algorithm::kFlat:
+      return &kFlatAlgorithm;
+    case Algorithm::kRing:
+      return &kRingAlgorithm;
+    case Algorithm::kRhd:
+      return &kRhdAlgorithm;
+    case Algorithm::kHierarchical:
+      return &kHierarchicalAlgorithm;
+    case Algorithm::kShm:
+      return &kShmAlgorithm;
+    default:
+      return nullptr;
   }
 }
 

@@ -43,8 +43,10 @@ struct Fold {
     pof2 = 1;
     while (pof2 * 2 <= p) pof2 *= 2;
     rem = p - pof2;
-    if (r < 2 * rem) v = (r % 2 == 1) ? r / 2 : -1;
-    else v = r - rem;
+    if (r < 2 * rem)
+      v = (r % 2 == 1) ? r / 2 : -1;
+    else
+      v = r - rem;
   }
   bool foldedOut() const { return v < 0; }
   bool hasPartner() const { return v >= 0 && r < 2 * rem; }  // odd rank holding a folded pair
@@ -233,9 +235,8 @@ void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataTy
 // ---- the "rhd" algorithm on the whole group ----
 
 constexpr LevelCollectives kRhdLevel = {rhdAllReduceScratch, rhdAllReduce, rhdAllGather,
-                                         rhdReduceScatterScratch, rhdReduceScatter};
+                                        rhdReduceScatterScratch, rhdReduceScatter};
 
-extern const AlgorithmImpl kRhdAlgorithm =
-    wholeGroupAlgorithm<kRhdLevel>(Algorithm::kRhd, "rhd");
+extern const AlgorithmImpl kRhdAlgorithm = wholeGroupAlgorithm<kRhdLevel>(Algorithm::kRhd, "rhd");
 
 }  // namespace fourd::detail

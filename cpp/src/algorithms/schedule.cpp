@@ -124,9 +124,12 @@ bool Schedule::advance(OpContext& ctx) {
       case Kind::kCollective: {
         Msg& m = msgs_[a.first];
         m.reqBegin = reqs_->size();
-        if (a.kind == Kind::kSend) backend_->isend(m.sbuf, m.bytes, m.peer, tag_, *reqs_);
-        else if (a.kind == Kind::kRecv) backend_->irecv(m.rbuf, m.bytes, m.peer, tag_, *reqs_);
-        else m.post(*reqs_);
+        if (a.kind == Kind::kSend)
+          backend_->isend(m.sbuf, m.bytes, m.peer, tag_, *reqs_);
+        else if (a.kind == Kind::kRecv)
+          backend_->irecv(m.rbuf, m.bytes, m.peer, tag_, *reqs_);
+        else
+          m.post(*reqs_);
         m.reqEnd = reqs_->size();
         break;
       }
@@ -134,7 +137,9 @@ bool Schedule::advance(OpContext& ctx) {
       case Kind::kUntil:
         if (!testCurrent()) return false;
         break;
-      case Kind::kCompute: a.fn(); break;
+      case Kind::kCompute:
+        a.fn();
+        break;
     }
     ++next_;
   }
@@ -229,8 +234,8 @@ void waitUntil(const std::function<bool()>& ready, const std::function<std::stri
   while (!ready()) {
     if (watch.expired()) {
       std::ostringstream os;
-      os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed()
-         << " s (timeout " << ctx.timeoutSeconds << " s) waiting for "
+      os << "fourd: " << ctx.describe() << " timed out after " << ctx.elapsed() << " s (timeout "
+         << ctx.timeoutSeconds << " s) waiting for "
          << (laggards ? laggards() : std::string("a shared-memory flag"));
       throw TimeoutError(os.str());
     }

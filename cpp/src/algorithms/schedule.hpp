@@ -110,7 +110,7 @@ class Schedule {
     size_t bytes = 0;
     int peer = -1;
     std::function<void(Requests&)> post;  // kCollective
-    size_t reqBegin = 0, reqEnd = 0;  // filled when posted
+    size_t reqBegin = 0, reqEnd = 0;      // filled when posted
   };
   Handle add(Kind kind, Msg m);
   // Requests of the wait at actions_[next_] (a contiguous range).

@@ -3,8 +3,8 @@
 // k ranks on one node, n bytes (nccl-tests sizes); c = memcpy time per byte, gamma = reduction
 // time per byte of one input, s = one flag barrier (each rank stores its counter and reads the
 // k counters). The window (the backend's SharedSegment: MPI_Win_allocate_shared for MPI, kept
-// in the node level's state) gives each rank a segment of three buffers of B bytes; B grows with the
-// messages up to 512 KiB (1 MiB when the machine's ranks outnumber its cores;
+// in the node level's state) gives each rank a segment of three buffers of B bytes; B grows with
+// the messages up to 512 KiB (1 MiB when the machine's ranks outnumber its cores;
 // FOURD_SHM_BUFFER_BYTES overrides), and larger messages are pipelined through it in chunks of
 // B bytes, one barrier per chunk (see "Buffer discipline" below).
 //
@@ -64,11 +64,11 @@ struct ShmWindow {
   std::unique_ptr<SharedSegment> seg;
   const std::vector<int>* worldRanks = nullptr;  // of the node's members, for messages
   int k = 0, me = 0;
-  size_t bufBytes = 0;          // bytes per buffer; each rank has three
-  size_t cap = 0;               // the most bufBytes may grow to
-  uint64_t bars = 0;            // barriers this rank has passed
-  bool clean = true;            // false while an operation runs or after one failed
-  double spinMicros = 0.0;      // barrier spin before yielding: > 0 only with a core per rank
+  size_t bufBytes = 0;      // bytes per buffer; each rank has three
+  size_t cap = 0;           // the most bufBytes may grow to
+  uint64_t bars = 0;        // barriers this rank has passed
+  bool clean = true;        // false while an operation runs or after one failed
+  double spinMicros = 0.0;  // barrier spin before yielding: > 0 only with a core per rank
 
   uint64_t* counter(int j) const { return reinterpret_cast<uint64_t*>(seg->base(j)); }
   char* buffer(int j, uint64_t chunk) const {
@@ -104,7 +104,7 @@ size_t bufferCap(int k) {
   if (v == 0) {
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     v = (detail::oversubscribed() || (cores > 0 && k > cores)) ? size_t(1) << 20
-                                                                : size_t(512) << 10;
+                                                               : size_t(512) << 10;
   }
   return (v + 63) / 64 * 64;
 }
@@ -239,8 +239,8 @@ ShmWindow* shmWindow(Group& node, size_t bytesPerRank, OpContext& ctx) {
   return raw;
 }
 
-void shmAllReduce(Schedule& s, ShmWindow& wr, const void* inV, void* outV, size_t count,
-                  DataType t, ReduceOp op) {
+void shmAllReduce(Schedule& s, ShmWindow& wr, const void* inV, void* outV, size_t count, DataType t,
+                  ReduceOp op) {
   ShmWindow* w = &wr;
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
@@ -394,10 +394,14 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
 
 const char* levelAlgoName(LevelAlgo a) {
   switch (a) {
-    case LevelAlgo::kRing: return "ring";
-    case LevelAlgo::kRhd: return "rhd";
-    case LevelAlgo::kShm: return "shm";
-    case LevelAlgo::kFlat: return "flat";
+    case LevelAlgo::kRing:
+      return "ring";
+    case LevelAlgo::kRhd:
+      return "rhd";
+    case LevelAlgo::kShm:
+      return "shm";
+    case LevelAlgo::kFlat:
+      return "flat";
   }
   return "?";
 }
@@ -441,9 +445,8 @@ void runOnWindow(Group& g, ShmWindow& w, OpContext& ctx, F&& build) {
 void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
   ShmWindow* w = windowOf(g, in.bytes(), ctx);
   if (!w) return algorithmImpl(Algorithm::kRing)->allReduce(g, in, out, op, ctx);
-  runOnWindow(g, *w, ctx, [&](Schedule& s) {
-    shmAllReduce(s, *w, in.data, out.data, in.count, in.dtype, op);
-  });
+  runOnWindow(g, *w, ctx,
+              [&](Schedule& s) { shmAllReduce(s, *w, in.data, out.data, in.count, in.dtype, op); });
 }
 
 void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
@@ -460,8 +463,7 @@ void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, O
   ShmWindow* w = windowOf(g, in.bytes(), ctx);
   if (!w) return algorithmImpl(Algorithm::kRing)->reduceScatter(g, in, out, op, ctx);
   runOnWindow(g, *w, ctx, [&](Schedule& s) {
-    shmReduceScatter(s, *w, in.data, out.data, Blocks::uniform(out.count, g.size()), in.dtype,
-                     op);
+    shmReduceScatter(s, *w, in.data, out.data, Blocks::uniform(out.count, g.size()), in.dtype, op);
   });
 }
 
@@ -471,7 +473,7 @@ void markShmRunning(ShmWindow* w, bool running) {
   if (w) w->clean = !running;
 }
 
-extern const AlgorithmImpl kShmAlgorithm = {Algorithm::kShm, "shm", supports, allReduce,
-                                            allGather, reduceScatter};
+extern const AlgorithmImpl kShmAlgorithm = {Algorithm::kShm, "shm",     supports,
+                                            allReduce,       allGather, reduceScatter};
 
 }  // namespace fourd::detail

@@ -32,8 +32,10 @@ struct LevelCollectives {
 inline bool onHostMemory(const Group& g, std::string* reason) {
   if (g.backend().hostMemory()) return true;
   if (reason) {
-    *reason = "fourd's point-to-point algorithms run on host memory; this group's buffers are "
-              "on the GPU (backend " + g.backend().kind() + ": flat or hierarchical)";
+    *reason =
+        "fourd's point-to-point algorithms run on host memory; this group's buffers are "
+        "on the GPU (backend " +
+        g.backend().kind() + ": flat or hierarchical)";
   }
   return false;
 }
@@ -74,7 +76,11 @@ struct WholeGroup {
 /// The AlgorithmImpl row of an algorithm that runs L on the whole group.
 template <const LevelCollectives& L>
 constexpr AlgorithmImpl wholeGroupAlgorithm(Algorithm id, const char* name) {
-  return {id, name, WholeGroup<L>::supports, WholeGroup<L>::allReduce, WholeGroup<L>::allGather,
+  return {id,
+          name,
+          WholeGroup<L>::supports,
+          WholeGroup<L>::allReduce,
+          WholeGroup<L>::allGather,
           WholeGroup<L>::reduceScatter};
 }
 

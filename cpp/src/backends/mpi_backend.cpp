@@ -30,14 +30,22 @@ namespace {
 
 MPI_Datatype mpiType(DataType t) {
   switch (t) {
-    case DataType::kFloat32: return MPI_FLOAT;
-    case DataType::kFloat64: return MPI_DOUBLE;
-    case DataType::kFloat16: return MPI_UINT16_T;
-    case DataType::kBFloat16: return MPI_UINT16_T;
-    case DataType::kInt8: return MPI_INT8_T;
-    case DataType::kUInt8: return MPI_UINT8_T;
-    case DataType::kInt32: return MPI_INT32_T;
-    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat32:
+      return MPI_FLOAT;
+    case DataType::kFloat64:
+      return MPI_DOUBLE;
+    case DataType::kFloat16:
+      return MPI_UINT16_T;
+    case DataType::kBFloat16:
+      return MPI_UINT16_T;
+    case DataType::kInt8:
+      return MPI_INT8_T;
+    case DataType::kUInt8:
+      return MPI_UINT8_T;
+    case DataType::kInt32:
+      return MPI_INT32_T;
+    case DataType::kInt64:
+      return MPI_INT64_T;
   }
   throw InvalidArgument("dtype: unknown data type");
 }
@@ -79,10 +87,14 @@ MPI_Op mpiOp(DataType t, ReduceOp op) {
   }
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;
-    case ReduceOp::kProd: return MPI_PROD;
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kProd:
+      return MPI_PROD;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
   }
   throw InvalidArgument("op: unknown reduce op");
 }
@@ -91,8 +103,10 @@ constexpr size_t kMaxPiece = size_t(1) << 30;
 
 int checkedCount(size_t count, const char* what) {
   if (count > static_cast<size_t>(INT_MAX)) {
-    throw InvalidArgument(std::string(what) + ": the MPI library's collectives take at most "
-                          "2^31-1 elements per call; found " + std::to_string(count));
+    throw InvalidArgument(std::string(what) +
+                          ": the MPI library's collectives take at most "
+                          "2^31-1 elements per call; found " +
+                          std::to_string(count));
   }
   return static_cast<int>(count);
 }
@@ -170,8 +184,8 @@ class MpiRequests final : public Requests {
     Backoff backoff;
     do {
       int flag = 0;
-      if (MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag,
-                      MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+      if (MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE) !=
+          MPI_SUCCESS) {
         return false;
       }
       if (flag) return true;
@@ -229,7 +243,11 @@ class MpiSegment final : public SharedSegment {
  public:
   MpiSegment(MPI_Comm comm, MPI_Win win, std::vector<char*> bases, size_t bytes, int me,
              double releaseSeconds)
-      : comm_(comm), win_(win), bases_(std::move(bases)), bytes_(bytes), me_(me),
+      : comm_(comm),
+        win_(win),
+        bases_(std::move(bases)),
+        bytes_(bytes),
+        me_(me),
         releaseSeconds_(releaseSeconds) {}
   ~MpiSegment() override { release(true); }
 
@@ -334,21 +352,24 @@ class MpiBackend final : public Backend {
   }
   void ibroadcast(const Buffer& buf, int root, Requests& r) override {
     const int n = checkedCount(buf.count, "count");
-    checkMpi(MPI_Ibcast(buf.data, n, mpiType(buf.dtype), root, comm_, collective(r)),
-             "MPI_Ibcast");
+    checkMpi(MPI_Ibcast(buf.data, n, mpiType(buf.dtype), root, comm_, collective(r)), "MPI_Ibcast");
   }
-  void ibarrier(Requests& r) override { checkMpi(MPI_Ibarrier(comm_, collective(r)), "MPI_Ibarrier"); }
+  void ibarrier(Requests& r) override {
+    checkMpi(MPI_Ibarrier(comm_, collective(r)), "MPI_Ibarrier");
+  }
 
   void isend(const void* buf, size_t bytes, int peer, int tag, Requests& r) override {
     pieces(static_cast<const char*>(buf), bytes, [&](const char* p, int n) {
-      checkMpi(MPI_Isend(p, n, MPI_BYTE, peer, tag, comm_, mine(r).add(MpiRequests::Kind::kSend, peer)),
-               "MPI_Isend");
+      checkMpi(
+          MPI_Isend(p, n, MPI_BYTE, peer, tag, comm_, mine(r).add(MpiRequests::Kind::kSend, peer)),
+          "MPI_Isend");
     });
   }
   void irecv(void* buf, size_t bytes, int peer, int tag, Requests& r) override {
     pieces(static_cast<char*>(buf), bytes, [&](char* p, int n) {
-      checkMpi(MPI_Irecv(p, n, MPI_BYTE, peer, tag, comm_, mine(r).add(MpiRequests::Kind::kRecv, peer)),
-               "MPI_Irecv");
+      checkMpi(
+          MPI_Irecv(p, n, MPI_BYTE, peer, tag, comm_, mine(r).add(MpiRequests::Kind::kRecv, peer)),
+          "MPI_Irecv");
     });
   }
 
@@ -426,8 +447,8 @@ std::unique_ptr<SharedSegment> MpiBackend::sharedSegment(size_t bytesPerRank, Op
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
   char* mine = nullptr;
   MPI_Win win = MPI_WIN_NULL;
-  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytesPerRank), 1, info, comm_,
-                                         &mine, &win);
+  const int rc =
+      MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytesPerRank), 1, info, comm_, &mine, &win);
   MPI_Info_free(&info);
   checkMpi(rc, "MPI_Win_allocate_shared");
   MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);

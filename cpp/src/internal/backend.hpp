@@ -97,8 +97,7 @@ class Backend {
   /// out.count == size() * in.count; in may be exactly my block of out (in place).
   virtual void iallGather(const Buffer& in, const Buffer& out, Requests& r) = 0;
   /// in.count == size() * out.count; out does not overlap in.
-  virtual void ireduceScatter(const Buffer& in, const Buffer& out, ReduceOp op,
-                              Requests& r) = 0;
+  virtual void ireduceScatter(const Buffer& in, const Buffer& out, ReduceOp op, Requests& r) = 0;
   virtual void ibroadcast(const Buffer& buf, int root, Requests& r) = 0;
   virtual void ibarrier(Requests& r) = 0;
   /// Whether iallReduce / ireduceScatter can reduce this dtype with this op on this backend.

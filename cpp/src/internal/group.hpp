@@ -87,8 +87,7 @@ struct AlgorithmImpl {
   bool (*supports)(Collective c, const Group& g, std::string* reason);
   void (*allReduce)(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
   void (*allGather)(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx);
-  void (*reduceScatter)(Group& g, const Buffer& in, const Buffer& out, ReduceOp op,
-                        OpContext& ctx);
+  void (*reduceScatter)(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
 };
 
 /// The implementation of `a` (never kAuto); nullptr when it is not built in.

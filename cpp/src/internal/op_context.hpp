@@ -16,15 +16,15 @@ Clock::time_point deadlineAfter(Clock::time_point start, double seconds) noexcep
 
 /// One operation in flight. Built by Communicator when the operation starts running.
 struct OpContext {
-  std::string op;                 ///< "all_reduce", "all_gather", ...
-  std::string axis;               ///< "x", "z+data", "world"
-  std::string algorithm;          ///< "flat", "ring", ...
-  uint64_t seq = 0;               ///< per-communicator sequence number (1, 2, ...)
+  std::string op;         ///< "all_reduce", "all_gather", ...
+  std::string axis;       ///< "x", "z+data", "world"
+  std::string algorithm;  ///< "flat", "ring", ...
+  uint64_t seq = 0;       ///< per-communicator sequence number (1, 2, ...)
   const std::vector<int>* groupWorldRanks = nullptr;  ///< world rank of each group rank
   Clock::time_point start;
   Clock::time_point deadline;
   double timeoutSeconds = 300.0;
-  int tag = 0;                    ///< MPI tag for this operation's point-to-point messages
+  int tag = 0;  ///< MPI tag for this operation's point-to-point messages
 
   /// "all_reduce on axis 'x' (group of world ranks [0, 1], seq 5, algorithm ring)".
   std::string describe() const;

@@ -71,8 +71,7 @@ class Selector {
   Algorithm select(const CallShape& call, Algorithm requested, const Group& runsOn) const;
   /// The algorithm a call that asks for auto runs (never kAuto: while tuning explores, the
   /// model's choice); `source`, when given, says which input decided (Explanation::source).
-  Algorithm choose(const CallShape& call, const Group& runsOn,
-                   std::string* source = nullptr) const;
+  Algorithm choose(const CallShape& call, const Group& runsOn, std::string* source = nullptr) const;
   /// The candidates (predicted times, corrections, support on `runsOn`), choice and source.
   Explanation explain(const CallShape& call, const Group& runsOn) const;
 

@@ -47,23 +47,23 @@ namespace fourd::detail {
 
 class Tuner {
  public:
-  static constexpr int kWarm = 2;             ///< untimed calls of a candidate in each pass, at least
-  static constexpr int kMaxWarm = 6;          ///< ... and at most
+  static constexpr int kWarm = 2;     ///< untimed calls of a candidate in each pass, at least
+  static constexpr int kMaxWarm = 6;  ///< ... and at most
   static constexpr size_t kWarmBytes = size_t(96) << 20;  ///< what they carry from kWarmFrom
   static constexpr size_t kWarmFrom = size_t(4) << 20;    ///< below: kWarm
-  static constexpr int kTimed = 3;            ///< then timed calls (their median counts), at least
-  static constexpr int kMaxTimed = 12;        ///< ... and at most
+  static constexpr int kTimed = 3;      ///< then timed calls (their median counts), at least
+  static constexpr int kMaxTimed = 12;  ///< ... and at most
   static constexpr size_t kTimedBytes = size_t(12) << 20;  ///< what the timed calls carry
-  static constexpr int kPasses = 2;           ///< the second in reverse order
-  static constexpr int kMaxCandidates = 4;    ///< the model's choice and up to 3 rivals
-  static constexpr double kWindow = 2.0;      ///< rivals: predicted within this of the choice
-  static constexpr double kSwitch = 0.95;     ///< leave the model's choice only below this
+  static constexpr int kPasses = 2;                        ///< the second in reverse order
+  static constexpr int kMaxCandidates = 4;          ///< the model's choice and up to 3 rivals
+  static constexpr double kWindow = 2.0;            ///< rivals: predicted within this of the choice
+  static constexpr double kSwitch = 0.95;           ///< leave the model's choice only below this
   static constexpr size_t kSmallBytes = 256 << 10;  ///< below: latency-bound calls ...
-  static constexpr int kSmallWarm = 16;       ///< ... get this many untimed calls,
-  static constexpr int kSmallTimed = 64;      ///< ... this many timed ones, and every
-                                              ///< supported algorithm on the shortlist
-  static constexpr int kRecheckGap = 4;       ///< a switch runs this many explorations' calls,
-                                              ///< then the shortlist is explored again
+  static constexpr int kSmallWarm = 16;             ///< ... get this many untimed calls,
+  static constexpr int kSmallTimed = 64;            ///< ... this many timed ones, and every
+                                                    ///< supported algorithm on the shortlist
+  static constexpr int kRecheckGap = 4;  ///< a switch runs this many explorations' calls,
+                                         ///< then the shortlist is explored again
 
   using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
 
@@ -81,7 +81,7 @@ class Tuner {
   /// One call's part in the tuning of its key.
   struct Step {
     Algorithm algorithm = Algorithm::kFlat;
-    bool timed = false;  ///< pass the call's time to record()
+    bool timed = false;    ///< pass the call's time to record()
     bool barrier = false;  ///< the first timed call of a candidate: start from a barrier
     bool last = false;     ///< the last timed call of the exploration
     int candidate = -1;
@@ -133,9 +133,9 @@ class Tuner {
     std::vector<Algorithm> cands;
     std::vector<std::vector<double>> samples;
     int calls = 0;
-    int timed = kTimed;  ///< timedCalls() of the key's size
-    int warm = kWarm;    ///< warmCalls() of the key's size
-    int round = 0;       ///< 0: the first exploration, 1: the re-check of a switch
+    int timed = kTimed;        ///< timedCalls() of the key's size
+    int warm = kWarm;          ///< warmCalls() of the key's size
+    int round = 0;             ///< 0: the first exploration, 1: the re-check of a switch
     bool provisional = false;  ///< settled is a switch not yet re-checked
     int sinceSettle = 0;       ///< calls run provisionally
     Algorithm settled = Algorithm::kAuto;

@@ -48,8 +48,14 @@ def bandwidths(collective: str, nbytes: int, n: int, seconds: float) -> tuple[fl
     return algbw, algbw * bus_factor(collective, n)
 
 
-def bound(collective: str, nbytes: int, nodes: int, k: int, intra_bps: float | None,
-          link_bps: float | None) -> dict | None:
+def bound(
+    collective: str,
+    nbytes: int,
+    nodes: int,
+    k: int,
+    intra_bps: float | None,
+    link_bps: float | None,
+) -> dict | None:
     """The physical bound of one row: {"t_min_s", "t_sum_s", "t_net_s", "t_intra_s"}, None when
     neither term applies or can be computed (a one-rank group, or only an unknown link). The
     share of S that every node (every rank) must move is the bus factor of N nodes (k ranks)."""

@@ -27,11 +27,27 @@ from fourd import _C
 # pattern (to_storage / from_storage below; fourd reads it through fourd.Buffer.of).
 NUMPY_STORAGE = {n: np.uint16 if n == "bfloat16" else np.dtype(n).type for n in _C.DTYPES}
 # Largest integer every partial sum may reach and stay exact (and not overflow).
-_SUM_LIMIT = {"int8": 127, "uint8": 255, "bfloat16": 256, "float16": 2048, "float32": 1 << 24,
-              "int32": 1 << 30, "int64": 1 << 30, "float64": 1 << 30}
+_SUM_LIMIT = {
+    "int8": 127,
+    "uint8": 255,
+    "bfloat16": 256,
+    "float16": 2048,
+    "float32": 1 << 24,
+    "int32": 1 << 30,
+    "int64": 1 << 30,
+    "float64": 1 << 30,
+}
 # Largest t with 2^t exact and in range.
-_POW2_LIMIT = {"int8": 6, "uint8": 7, "float16": 15, "bfloat16": 120, "float32": 120,
-               "int32": 30, "int64": 62, "float64": 1000}
+_POW2_LIMIT = {
+    "int8": 6,
+    "uint8": 7,
+    "float16": 15,
+    "bfloat16": 120,
+    "float32": 120,
+    "int32": 30,
+    "int64": 62,
+    "float64": 1000,
+}
 _AVG_RTOL = {"float32": 1e-6, "float64": 1e-14, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 

@@ -33,8 +33,18 @@ def main(argv=None) -> int:
     s = session.start(cfg, world, hosts, argv, start_time, t_start)
     if isinstance(s, int):
         return _finish(world, s)
-    runner = Runner(cfg, world, s.grid, s.impls, s.baselines, s.axis_info, s.intra_bps,
-                    s.link_bps, s.printer, s.progress)  # plans the cells (collective)
+    runner = Runner(
+        cfg,
+        world,
+        s.grid,
+        s.impls,
+        s.baselines,
+        s.axis_info,
+        s.intra_bps,
+        s.link_bps,
+        s.printer,
+        s.progress,
+    )  # plans the cells (collective)
     header.print_header(s, runner)
     summary, duration = _sweep(s, runner)
     rc = 1 if summary["wrong_total"] > 0 else 0
@@ -59,8 +69,11 @@ def _command_line(argv, world, hosts):
     errors = [e for e, _ in verdicts if e]
     if errors:
         if rank == 0:
-            print(f"{PROG}: error: {errors[0]}\nRun '{PROG} --help' for the options.",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{PROG}: error: {errors[0]}\nRun '{PROG} --help' for the options.",
+                file=sys.stderr,
+                flush=True,
+            )
         return None, 2
     return cfg, None
 
@@ -80,8 +93,10 @@ def _parse_here(argv, world_size: int, hosts, rank: int):
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            err = ("--plot: matplotlib is not installed; install it (pip install matplotlib, or "
-                   "fourd[bench]) or leave out --plot")
+            err = (
+                "--plot: matplotlib is not installed; install it (pip install matplotlib, or "
+                "fourd[bench]) or leave out --plot"
+            )
     return cfg, err, help_text
 
 
@@ -131,14 +146,20 @@ def _write_files(s, runner, summary: dict, duration: float, rc: int) -> int:
         if cfg.plot:
             import fourd
 
-            report.write_plot(cfg.plot, runner.rows,
-                              f"fourd {fourd.build_info()['version']}, {s.nranks} ranks, grid "
-                              f"x={g['x']} y={g['y']} z={g['z']} data={g['data']}, "
-                              f"{','.join(cfg.dtypes)}")
+            report.write_plot(
+                cfg.plot,
+                runner.rows,
+                f"fourd {fourd.build_info()['version']}, {s.nranks} ranks, grid "
+                f"x={g['x']} y={g['y']} z={g['z']} data={g['data']}, "
+                f"{','.join(cfg.dtypes)}",
+            )
             pr.line(f"# wrote {cfg.plot}", always=True)
     except Exception as e:  # noqa: BLE001 - reported, and the status says so
-        print(f"{PROG}: error: writing the output files failed: {type(e).__name__}: {e}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{PROG}: error: writing the output files failed: {type(e).__name__}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
         rc = rc or 3
     return rc
 

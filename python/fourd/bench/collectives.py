@@ -70,9 +70,11 @@ class Collective:
         if not in_place:
             return bufs.send, bufs.recv
         whole = bufs.send if self.in_place_buffer == "send" else bufs.recv
-        block = whole[g * bufs.block:(g + 1) * bufs.block]
-        return (block if self.in_place_input_is_block else whole,
-                block if self.in_place_result_is_block else whole)
+        block = whole[g * bufs.block : (g + 1) * bufs.block]
+        return (
+            block if self.in_place_input_is_block else whole,
+            block if self.in_place_result_is_block else whole,
+        )
 
     @property
     def whole_buffer_in_place(self) -> bool:
@@ -103,6 +105,7 @@ class TorchArgs:
 
 
 # ---- the oracle (check.py's closed forms) ------------------------------------------------------
+
 
 def _reduce_source(op, dtype, p, g, root, n):
     return check.reduce_input(op, dtype, p, g, n)
@@ -135,37 +138,45 @@ def _broadcast_expected(op, dtype, p, g, count, block):
 # ---- fourd (the public API) --------------------------------------------------------------------
 # Each returns a closure over plain locals: it is the call the timed loop makes.
 
+
 def _fourd_all_reduce(grid, axis, op, algorithm, timeout, inp, res, in_place):
     if in_place:
+
         def call():
             fourd.all_reduce(res, axis, op, grid=grid, algorithm=algorithm, timeout=timeout)
     else:
         # Separate send and receive buffers: what out-of-place means in nccl-tests.
         def call():
-            fourd.all_reduce(inp, axis, op, output=res, grid=grid, algorithm=algorithm,
-                             timeout=timeout)
+            fourd.all_reduce(
+                inp, axis, op, output=res, grid=grid, algorithm=algorithm, timeout=timeout
+            )
+
     return call
 
 
 def _fourd_all_gather(grid, axis, op, algorithm, timeout, inp, res, in_place):
     def call():
         fourd.all_gather(res, inp, axis, grid=grid, algorithm=algorithm, timeout=timeout)
+
     return call
 
 
 def _fourd_reduce_scatter(grid, axis, op, algorithm, timeout, inp, res, in_place):
     def call():
         fourd.reduce_scatter(res, inp, axis, op, grid=grid, algorithm=algorithm, timeout=timeout)
+
     return call
 
 
 def _fourd_broadcast(grid, axis, op, algorithm, timeout, inp, res, in_place):
     def call():
         fourd.broadcast(res, 0, axis, grid=grid, timeout=timeout)
+
     return call
 
 
 # ---- MPI through mpi4py ------------------------------------------------------------------------
+
 
 def _mpi_all_reduce(a: MpiArgs, inp, res, in_place):
     comm, mop = a.comm, a.op
@@ -201,6 +212,7 @@ def _mpi_broadcast(a: MpiArgs, inp, res, in_place):
 
 # ---- torch.distributed -------------------------------------------------------------------------
 
+
 def _torch_all_reduce(a: TorchArgs, ti, tr):
     dist, pg, top = a.dist, a.group, a.op
     return lambda: dist.all_reduce(tr, op=top, group=pg)
@@ -225,56 +237,92 @@ def _torch_broadcast(a: TorchArgs, ti, tr):
 
 _ENTRIES = (
     Collective(
-        name="all_reduce", mpi_name="MPI_Allreduce", torch_name="all_reduce",
-        reduces=True, blocked=False,
-        factor_text="2(n-1)/n", bus=lambda n: 2.0 * (n - 1) / n,
+        name="all_reduce",
+        mpi_name="MPI_Allreduce",
+        torch_name="all_reduce",
+        reduces=True,
+        blocked=False,
+        factor_text="2(n-1)/n",
+        bus=lambda n: 2.0 * (n - 1) / n,
         counts=lambda count, p: (count, count),
-        source=_reduce_source, expected=_all_reduce_expected,
+        source=_reduce_source,
+        expected=_all_reduce_expected,
         clear_result=lambda in_place: not in_place,
-        fourd=_fourd_all_reduce, mpi=_mpi_all_reduce, torch=_torch_all_reduce,
+        fourd=_fourd_all_reduce,
+        mpi=_mpi_all_reduce,
+        torch=_torch_all_reduce,
         in_place_only={"torch": "torch.distributed.all_reduce works in place only"},
     ),
     Collective(
-        name="all_gather", mpi_name="MPI_Allgather", torch_name="all_gather_single",
-        reduces=False, blocked=True,
-        factor_text="(n-1)/n", bus=lambda n: (n - 1) / n,
+        name="all_gather",
+        mpi_name="MPI_Allgather",
+        torch_name="all_gather_single",
+        reduces=False,
+        blocked=True,
+        factor_text="(n-1)/n",
+        bus=lambda n: (n - 1) / n,
         counts=lambda count, p: (count // p, count),
-        source=_gather_source, expected=_all_gather_expected,
+        source=_gather_source,
+        expected=_all_gather_expected,
         clear_result=lambda in_place: True,
-        fourd=_fourd_all_gather, mpi=_mpi_all_gather, torch=_torch_all_gather,
+        fourd=_fourd_all_gather,
+        mpi=_mpi_all_gather,
+        torch=_torch_all_gather,
         in_place_input_is_block=True,
     ),
     Collective(
-        name="reduce_scatter", mpi_name="MPI_Reduce_scatter_block",
-        torch_name="reduce_scatter_single", reduces=True, blocked=True,
-        factor_text="(n-1)/n", bus=lambda n: (n - 1) / n,
+        name="reduce_scatter",
+        mpi_name="MPI_Reduce_scatter_block",
+        torch_name="reduce_scatter_single",
+        reduces=True,
+        blocked=True,
+        factor_text="(n-1)/n",
+        bus=lambda n: (n - 1) / n,
         counts=lambda count, p: (count, count // p),
-        source=_reduce_source, expected=_reduce_scatter_expected,
+        source=_reduce_source,
+        expected=_reduce_scatter_expected,
         clear_result=lambda in_place: not in_place,
-        fourd=_fourd_reduce_scatter, mpi=_mpi_reduce_scatter, torch=_torch_reduce_scatter,
-        in_place_buffer="send", in_place_result_is_block=True, mpi_in_place_result_first=True,
+        fourd=_fourd_reduce_scatter,
+        mpi=_mpi_reduce_scatter,
+        torch=_torch_reduce_scatter,
+        in_place_buffer="send",
+        in_place_result_is_block=True,
+        mpi_in_place_result_first=True,
     ),
     Collective(
-        name="broadcast", mpi_name="MPI_Bcast", torch_name="broadcast",
-        reduces=False, blocked=False,
-        factor_text="1", bus=lambda n: 1.0,
+        name="broadcast",
+        mpi_name="MPI_Bcast",
+        torch_name="broadcast",
+        reduces=False,
+        blocked=False,
+        factor_text="1",
+        bus=lambda n: 1.0,
         counts=lambda count, p: (0, count),
-        source=_broadcast_source, expected=_broadcast_expected,
+        source=_broadcast_source,
+        expected=_broadcast_expected,
         clear_result=lambda in_place: False,
-        fourd=_fourd_broadcast, mpi=_mpi_broadcast, torch=_torch_broadcast,
-        takes_algorithm=False, in_default_sweep=False,
-        in_place_only={"fourd": "fourd.broadcast works on one buffer (in place)",
-                       "mpi": "broadcast is measured in place only",
-                       "torch": "torch.distributed.broadcast works in place only"},
+        fourd=_fourd_broadcast,
+        mpi=_mpi_broadcast,
+        torch=_torch_broadcast,
+        takes_algorithm=False,
+        in_default_sweep=False,
+        in_place_only={
+            "fourd": "fourd.broadcast works on one buffer (in place)",
+            "mpi": "broadcast is measured in place only",
+            "torch": "torch.distributed.broadcast works in place only",
+        },
     ),
 )
 
 _unknown = [c.name for c in _ENTRIES if c.name not in _C.COLLECTIVES]
 if _unknown:
-    raise ImportError(f"fourd.bench: the collective table names {_unknown}, which fourd does not "
-                      f"know (fourd._C.COLLECTIVES = {_C.COLLECTIVES})")
+    raise ImportError(
+        f"fourd.bench: the collective table names {_unknown}, which fourd does not "
+        f"know (fourd._C.COLLECTIVES = {_C.COLLECTIVES})"
+    )
 
 # In fourd's order; a collective of fourd's without an entry is not measured.
 TABLE: dict[str, Collective] = {
-    name: c for name in _C.COLLECTIVES for c in _ENTRIES if c.name == name}
+    name: c for name in _C.COLLECTIVES for c in _ENTRIES if c.name == name
+}
 DEFAULT_COLLECTIVES = tuple(name for name, c in TABLE.items() if c.in_default_sweep)

@@ -24,8 +24,7 @@ def unavailable_reason() -> str | None:
     import fourd
 
     if not fourd.HAVE_CUDA:
-        return ("this fourd build has no GPU part (rebuild with FOURD_CUDA=ON pip install "
-                "'.[gpu]')")
+        return "this fourd build has no GPU part (rebuild with FOURD_CUDA=ON pip install '.[gpu]')"
     try:
         import torch
     except Exception as e:  # noqa: BLE001
@@ -34,8 +33,10 @@ def unavailable_reason() -> str | None:
         info = fourd.build_info()
         count, why = info["cuda_devices"], info["cuda_unavailable"]
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        return (f"no CUDA device: torch.cuda is unavailable (torch {torch.__version__}, {build}); "
-                f"fourd sees {count} device(s){': ' + why if why else ''}")
+        return (
+            f"no CUDA device: torch.cuda is unavailable (torch {torch.__version__}, {build}); "
+            f"fourd sees {count} device(s){': ' + why if why else ''}"
+        )
     return None
 
 
@@ -54,10 +55,14 @@ def run(cfg, world, prog: str) -> int:
     iters = cfg.iters or 20
     show = world.Get_rank() == 0 and not cfg.quiet
     if show:
-        print(f"# {prog} --device cuda: {world.Get_size()} ranks, {torch.cuda.get_device_name(dev)}"
-              f", algorithm auto, {iters} iterations, CUDA-event timing")
-        print(f"# {'collective':<15}{'axis':>8}{'dtype':>10}{'op':>6}{'bytes':>14}"
-              f"{'time_us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}")
+        print(
+            f"# {prog} --device cuda: {world.Get_size()} ranks, {torch.cuda.get_device_name(dev)}"
+            f", algorithm auto, {iters} iterations, CUDA-event timing"
+        )
+        print(
+            f"# {'collective':<15}{'axis':>8}{'dtype':>10}{'op':>6}{'bytes':>14}"
+            f"{'time_us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}"
+        )
     rows = _sweep(cfg, world, grid, torch, dev, iters, show)
     if world.Get_rank() == 0 and cfg.json:
         with open(cfg.json, "w") as f:
@@ -72,8 +77,20 @@ def _sweep(cfg, world, grid, torch, dev, iters: int, show: bool) -> list:
     for coll in (TABLE[c] for c in cfg.collectives):
         for axis in cfg.axes:
             for dtype, op, count in _cells(cfg, coll, axis.group_size, torch):
-                t = _time(grid, torch, coll, axis.name, op, getattr(torch, dtype), count,
-                          axis.group_size, dev, iters, cfg.warmup, cfg.timeout)
+                t = _time(
+                    grid,
+                    torch,
+                    coll,
+                    axis.name,
+                    op,
+                    getattr(torch, dtype),
+                    count,
+                    axis.group_size,
+                    dev,
+                    iters,
+                    cfg.warmup,
+                    cfg.timeout,
+                )
                 rows.append(_row(coll, axis, dtype, op, count, max(world.allgather(t))))
                 if show:
                     _print_row(rows[-1])
@@ -111,15 +128,26 @@ def _row(coll, axis, dtype: str, op, count: int, t: float) -> dict:
     """A --json line: t is the slowest rank's median seconds."""
     nbytes = count * ITEMSIZE[dtype]
     algbw = nbytes / t / 1e9
-    return {"device": "cuda", "collective": coll.name, "axis": axis.name, "dtype": dtype,
-            "op": op or "-", "bytes": nbytes, "time_us": t * 1e6, "algbw_GBps": algbw,
-            "busbw_GBps": algbw * coll.bus(axis.group_size)}
+    return {
+        "device": "cuda",
+        "collective": coll.name,
+        "axis": axis.name,
+        "dtype": dtype,
+        "op": op or "-",
+        "bytes": nbytes,
+        "time_us": t * 1e6,
+        "algbw_GBps": algbw,
+        "busbw_GBps": algbw * coll.bus(axis.group_size),
+    }
 
 
 def _print_row(row: dict) -> None:
-    print(f"  {row['collective']:<15}{row['axis']:>8}{row['dtype']:>10}{row['op']:>6}"
-          f"{row['bytes']:>14}{row['time_us']:>12.1f}{row['algbw_GBps']:>12.3f}"
-          f"{row['busbw_GBps']:>12.3f}", flush=True)
+    print(
+        f"  {row['collective']:<15}{row['axis']:>8}{row['dtype']:>10}{row['op']:>6}"
+        f"{row['bytes']:>14}{row['time_us']:>12.1f}{row['algbw_GBps']:>12.3f}"
+        f"{row['busbw_GBps']:>12.3f}",
+        flush=True,
+    )
 
 
 def _time(grid, torch, coll, axis, op, tdt, count, p, dev, iters, warmup, timeout) -> float:

@@ -48,30 +48,45 @@ def print_header(s, runner) -> None:
     """The lines above the tables (a Session `s`, the Runner that will sweep)."""
     pr, cfg = s.printer, s.cfg
     _print_run(s, runner)
-    pr.line("# axes: " + "; ".join(
-        f"{a.name} = groups of {a.group_size} ({s.axis_info[a.mask]['description']})"
-        for a in cfg.axes))
+    pr.line(
+        "# axes: "
+        + "; ".join(
+            f"{a.name} = groups of {a.group_size} ({s.axis_info[a.mask]['description']})"
+            for a in cfg.axes
+        )
+    )
     if cfg.timing == "batch":
-        pr.line("# timing (--timing batch): time = the slowest rank's time for the whole batch of "
-                "iterations run back to back, divided by the iterations (as nccl-tests), after a "
-                "barrier; every group of an axis runs at once")
+        pr.line(
+            "# timing (--timing batch): time = the slowest rank's time for the whole batch of "
+            "iterations run back to back, divided by the iterations (as nccl-tests), after a "
+            "barrier; every group of an axis runs at once"
+        )
     else:
-        pr.line("# timing: time = mean over iterations of the per-iteration maximum across all "
-                "ranks, after a barrier; every group of an axis runs at once (the JSON also has "
-                "min, median, p99 and the nccl-tests average across ranks)")
-    be_text = (f"Be = {s.link_bps / 1e9:.3f} GB/s per node ({cfg.link_rate_source})" if s.link_bps
-               else "Be = unknown (no --link-rate, no FOURD_CLUSTER_RATE_BPS)")
-    pr.line(f"# bound: Bi = {s.intra_bps / 1e9:.2f} GB/s per rank (numpy copy of 16 MiB on every "
-            f"rank at once; median, range {min(s.bw_all) / 1e9:.2f}-{max(s.bw_all) / 1e9:.2f}); "
-            f"{be_text}; c = 2 for all_reduce, 1 otherwise; eff = bound / time")
+        pr.line(
+            "# timing: time = mean over iterations of the per-iteration maximum across all "
+            "ranks, after a barrier; every group of an axis runs at once (the JSON also has "
+            "min, median, p99 and the nccl-tests average across ranks)"
+        )
+    be_text = (
+        f"Be = {s.link_bps / 1e9:.3f} GB/s per node ({cfg.link_rate_source})"
+        if s.link_bps
+        else "Be = unknown (no --link-rate, no FOURD_CLUSTER_RATE_BPS)"
+    )
+    pr.line(
+        f"# bound: Bi = {s.intra_bps / 1e9:.2f} GB/s per rank (numpy copy of 16 MiB on every "
+        f"rank at once; median, range {min(s.bw_all) / 1e9:.2f}-{max(s.bw_all) / 1e9:.2f}); "
+        f"{be_text}; c = 2 for all_reduce, 1 otherwise; eff = bound / time"
+    )
     btxt = []
     for b in s.baselines:
         if b.library == "mpi":
             btxt.append("mpi = the MPI library's collective via mpi4py on the same ranks")
         else:
             btxt.append(f"torch = torch.distributed {b.version} gloo on the same ranks")
-    pr.line(f"# baselines: {'; '.join(btxt) if btxt else 'none'}; vs = t_baseline / t_fourd "
-            f"(> 1: fourd faster)")
+    pr.line(
+        f"# baselines: {'; '.join(btxt) if btxt else 'none'}; vs = t_baseline / t_fourd "
+        f"(> 1: fourd faster)"
+    )
     pr.line("#")
     _print_placement(pr, s.placement)
     for n in s.notes:
@@ -83,39 +98,55 @@ def _print_run(s, runner) -> None:
     pr, cfg, grid, g = s.printer, s.cfg, s.grid, s.cfg.grid
     info, vers = fourd.build_info(), versions()
     if cfg.iters is None:
-        iters_text = (f"adaptive {MIN_ITERS}-{MAX_ITERS} (about {runner.target_s * 1e3:.0f} ms of "
-                      f"timed work per row)")
+        iters_text = (
+            f"adaptive {MIN_ITERS}-{MAX_ITERS} (about {runner.target_s * 1e3:.0f} ms of "
+            f"timed work per row)"
+        )
     else:
         iters_text = str(cfg.iters)
     sizes = cfg.sizes
-    step = (f"+{fmt_size(cfg.raw['stepbytes'])}" if cfg.raw.get("stepbytes") else
-            f"x{cfg.raw.get('stepfactor') or 4:g}")
-    pr.line(f"# {PROG}: fourd {info['version']} (CUDA {'yes' if info['cuda'] else 'no'}) | MPI: "
-            f"{_mpi_library()[1]} | Python {vers['python']}, numpy {vers['numpy']}, mpi4py "
-            f"{vers.get('mpi4py', '?')}" + (f", torch {vers['torch']}" if vers.get("torch") else ""))
+    step = (
+        f"+{fmt_size(cfg.raw['stepbytes'])}"
+        if cfg.raw.get("stepbytes")
+        else f"x{cfg.raw.get('stepfactor') or 4:g}"
+    )
+    pr.line(
+        f"# {PROG}: fourd {info['version']} (CUDA {'yes' if info['cuda'] else 'no'}) | MPI: "
+        f"{_mpi_library()[1]} | Python {vers['python']}, numpy {vers['numpy']}, mpi4py "
+        f"{vers.get('mpi4py', '?')}" + (f", torch {vers['torch']}" if vers.get("torch") else "")
+    )
     nhosts = len(set(s.hosts))
-    pr.line(f"# ranks: {s.nranks} on {nhosts} host{'s' if nhosts > 1 else ''}; grid x={g['x']} "
-            f"y={g['y']} z={g['z']} data={g['data']}, order {cfg.order}; {grid.num_nodes} "
-            f"node{'s' if grid.num_nodes > 1 else ''}"
-            f"{' (virtual: --ranks-per-node ' + str(cfg.ranks_per_node) + ')' if grid.virtual_topology else ''}"
-            f" [{cfg.grid_source}]")
-    pr.line(f"# sizes: {fmt_size(sizes[0])} .. {fmt_size(sizes[-1])} ({len(sizes)} size{'s' if len(sizes) > 1 else ''}, {step}); "
-            f"iterations: {iters_text}; warm-up {cfg.warmup}; check {cfg.check}; "
-            + (f"rounds {cfg.rounds} (rotated order; median round); " if cfg.rounds > 1 else "")
-            + f"types "
-            f"{','.join(cfg.dtypes)}; ops {','.join(cfg.ops)}")
+    pr.line(
+        f"# ranks: {s.nranks} on {nhosts} host{'s' if nhosts > 1 else ''}; grid x={g['x']} "
+        f"y={g['y']} z={g['z']} data={g['data']}, order {cfg.order}; {grid.num_nodes} "
+        f"node{'s' if grid.num_nodes > 1 else ''}"
+        + (f" (virtual: --ranks-per-node {cfg.ranks_per_node})" if grid.virtual_topology else "")
+        + f" [{cfg.grid_source}]"
+    )
+    pr.line(
+        f"# sizes: {fmt_size(sizes[0])} .. {fmt_size(sizes[-1])} "
+        f"({len(sizes)} size{'s' if len(sizes) > 1 else ''}, {step}); "
+        f"iterations: {iters_text}; warm-up {cfg.warmup}; check {cfg.check}; "
+        + (f"rounds {cfg.rounds} (rotated order; median round); " if cfg.rounds > 1 else "")
+        + f"types "
+        f"{','.join(cfg.dtypes)}; ops {','.join(cfg.ops)}"
+    )
 
 
 def _print_placement(pr, placement: list) -> None:
     """World rank, host, node, local rank and grid coordinates (the first and last 32 of a
     large job)."""
-    pr.line(f"# {'rank':>5}  {'host':<24}{'node':>5}{'local':>6}{'x':>4}{'y':>4}{'z':>4}{'data':>6}")
+    pr.line(
+        f"# {'rank':>5}  {'host':<24}{'node':>5}{'local':>6}{'x':>4}{'y':>4}{'z':>4}{'data':>6}"
+    )
     shown = placement if len(placement) <= 64 else placement[:32] + placement[-32:]
     for i, row in enumerate(shown):
         if len(placement) > 64 and i == 32:
             pr.line(f"#   ... {len(placement) - 64} more ranks ...")
-        pr.line(f"# {row['rank']:>5}  {row['host'][:23]:<24}{row['node']:>5}{row['local_rank']:>6}"
-                f"{row['x']:>4}{row['y']:>4}{row['z']:>4}{row['data']:>6}")
+        pr.line(
+            f"# {row['rank']:>5}  {row['host'][:23]:<24}{row['node']:>5}{row['local_rank']:>6}"
+            f"{row['x']:>4}{row['y']:>4}{row['z']:>4}{row['data']:>6}"
+        )
 
 
 def document(s, runner, summary: dict, duration: float, ok: bool) -> dict:
@@ -131,30 +162,51 @@ def document(s, runner, summary: dict, duration: float, ok: bool) -> dict:
         "command": [PROG, *s.argv],
         "args": {
             **{k: v for k, v in cfg.raw.items()},
-            "sizes": cfg.sizes, "dtypes": cfg.dtypes, "ops": cfg.ops,
-            "collectives": cfg.collectives, "axes": [a.name for a in cfg.axes],
-            "algorithms": cfg.algorithms, "baselines": cfg.baselines,
+            "sizes": cfg.sizes,
+            "dtypes": cfg.dtypes,
+            "ops": cfg.ops,
+            "collectives": cfg.collectives,
+            "axes": [a.name for a in cfg.axes],
+            "algorithms": cfg.algorithms,
+            "baselines": cfg.baselines,
         },
         "environment": {
-            **versions(), "platform": platform.platform(), "hosts": sorted(set(s.hosts)),
-            "cpu_count": os.cpu_count(), "env": _env_subset(),
+            **versions(),
+            "platform": platform.platform(),
+            "hosts": sorted(set(s.hosts)),
+            "cpu_count": os.cpu_count(),
+            "env": _env_subset(),
         },
         "fourd": dict(info),
-        "mpi": {"library": mpi_first, "library_version": "\n".join(mpi_lines),
-                "standard": "{}.{}".format(*MPI.Get_version()), "world_size": s.nranks,
-                "thread_level": info.get("mpi_thread_level")},
-        "grid": {**g, "order": cfg.order, "ranks_per_node": cfg.ranks_per_node,
-                 "num_nodes": grid.num_nodes, "virtual_topology": bool(grid.virtual_topology),
-                 "source": cfg.grid_source, "world_size": s.nranks},
+        "mpi": {
+            "library": mpi_first,
+            "library_version": "\n".join(mpi_lines),
+            "standard": "{}.{}".format(*MPI.Get_version()),
+            "world_size": s.nranks,
+            "thread_level": info.get("mpi_thread_level"),
+        },
+        "grid": {
+            **g,
+            "order": cfg.order,
+            "ranks_per_node": cfg.ranks_per_node,
+            "num_nodes": grid.num_nodes,
+            "virtual_topology": bool(grid.virtual_topology),
+            "source": cfg.grid_source,
+            "world_size": s.nranks,
+        },
         "placement": s.placement,
         "topology": s.topo_doc,
         "timing": _timing_doc(cfg, runner),
         "bandwidth": {
-            "intra_Bps": s.intra_bps, "intra_per_rank_Bps": s.bw_all,
-            "intra_method": "numpy copy of 16 MiB, best of 5, every rank at once; median over ranks",
-            "link_Bps": s.link_bps, "link_source": cfg.link_rate_source,
+            "intra_Bps": s.intra_bps,
+            "intra_per_rank_Bps": s.bw_all,
+            "intra_method": (
+                "numpy copy of 16 MiB, best of 5, every rank at once; median over ranks"
+            ),
+            "link_Bps": s.link_bps,
+            "link_source": cfg.link_rate_source,
             "formula": "T_min = max(c(N-1)/N S/Be, c(k-1)/k S/Bi); c = 2 all_reduce, 1 "
-                       "all_gather/reduce_scatter; broadcast S/Be, S/Bi",
+            "all_gather/reduce_scatter; broadcast S/Be, S/Bi",
         },
         "baselines": s.base_doc,
         "rows": runner.rows,
@@ -167,16 +219,20 @@ def document(s, runner, summary: dict, duration: float, ok: bool) -> dict:
 def _timing_doc(cfg, runner) -> dict:
     return {
         "mode": cfg.timing,
-        "time_us": ("the slowest rank's batch time / iterations (nccl-tests)"
-                    if cfg.timing == "batch" else
-                    "mean over timed iterations of the per-iteration maximum across ranks"),
+        "time_us": (
+            "the slowest rank's batch time / iterations (nccl-tests)"
+            if cfg.timing == "batch"
+            else "mean over timed iterations of the per-iteration maximum across ranks"
+        ),
         "time_us_rank_avg": "nccl-tests: mean over iterations and ranks",
         "percentiles": "time_us_min/median/p99/max over the per-iteration maxima",
         "barrier": "a world Allreduce (agreeing on the iteration count) before each "
-                   "timed batch; no barrier between iterations",
+        "timed batch; no barrier between iterations",
         "concurrency": "every group of the axis runs at once",
         "iters": cfg.iters if cfg.iters is not None else f"adaptive {MIN_ITERS}-{MAX_ITERS}",
         "target_s_per_row": runner.target_s,
-        "warmup": cfg.warmup, "check": cfg.check, "rounds": cfg.rounds,
+        "warmup": cfg.warmup,
+        "check": cfg.check,
+        "rounds": cfg.rounds,
         "clock": "time.perf_counter around each call, host side, blocking calls",
     }

@@ -113,8 +113,9 @@ class FourdImpl(Impl):
     def make_call(self, axis, bufs, in_place, op):
         inp, res = bufs.coll.views(bufs, in_place, self.group_rank(axis))
         i, o = _fourd_view(inp, bufs.dtype), _fourd_view(res, bufs.dtype)
-        call = bufs.coll.fourd(self.grid, axis.name, op, self.algorithm, self.timeout, i, o,
-                               in_place)
+        call = bufs.coll.fourd(
+            self.grid, axis.name, op, self.algorithm, self.timeout, i, o, in_place
+        )
         return call, inp, res
 
 
@@ -140,10 +141,14 @@ class MpiImpl(Impl):
         self.grid = grid
         self.comms: dict = {}
         self.types = {
-            "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
+            "float32": MPI.FLOAT,
+            "float64": MPI.DOUBLE,
             "float16": getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL),
             "bfloat16": getattr(MPI, "BFLOAT16_T", MPI.DATATYPE_NULL),
-            "int8": MPI.INT8_T, "uint8": MPI.UINT8_T, "int32": MPI.INT32_T, "int64": MPI.INT64_T,
+            "int8": MPI.INT8_T,
+            "uint8": MPI.UINT8_T,
+            "int32": MPI.INT32_T,
+            "int64": MPI.INT64_T,
         }
         self.ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
 
@@ -180,9 +185,10 @@ class MpiImpl(Impl):
         coll = bufs.coll
         inp, res = coll.views(bufs, in_place, comm.Get_rank())
         if in_place and coll.mpi_in_place_result_first:
-            res = inp[:bufs.block]
-        args = MpiArgs(self.MPI, comm, self.types[bufs.dtype],
-                       self.ops[op] if coll.reduces else None)
+            res = inp[: bufs.block]
+        args = MpiArgs(
+            self.MPI, comm, self.types[bufs.dtype], self.ops[op] if coll.reduces else None
+        )
         return coll.mpi(args, inp, res, in_place), inp, res
 
 
@@ -206,9 +212,13 @@ class TorchImpl(Impl):
         self.version = torch.__version__
         self.master = ""
         torch.set_num_threads(1)  # ranks already share the cores; no intra-op threads
-        self.ops = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
-                    "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
-                    "avg": getattr(dist.ReduceOp, "AVG", None)}
+        self.ops = {
+            "sum": dist.ReduceOp.SUM,
+            "prod": dist.ReduceOp.PRODUCT,
+            "min": dist.ReduceOp.MIN,
+            "max": dist.ReduceOp.MAX,
+            "avg": getattr(dist.ReduceOp, "AVG", None),
+        }
         self._ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -248,8 +258,12 @@ class TorchImpl(Impl):
             raise RuntimeError(f"rank 0 could not open a port on {addr} for torch.distributed")
         self.master = f"{addr}:{port}"
         dist.init_process_group(
-            "gloo", init_method=f"tcp://{addr}:{port}", rank=world.Get_rank(),
-            world_size=world.Get_size(), timeout=datetime.timedelta(seconds=self.timeout_s))
+            "gloo",
+            init_method=f"tcp://{addr}:{port}",
+            rank=world.Get_rank(),
+            world_size=world.Get_size(),
+            timeout=datetime.timedelta(seconds=self.timeout_s),
+        )
         me = world.Get_rank()
         for axis, mine, every in groups:
             for ranks in every:  # every rank calls new_group for every group, in one order
@@ -283,10 +297,19 @@ class TorchImpl(Impl):
         pg = self.groups[axis.mask]
         coll = bufs.coll
         inp, res = coll.views(bufs, in_place, self.dist.get_rank(pg))
-        args = TorchArgs(self.dist, pg, self.ops[op] if coll.reduces else None,
-                         self.roots[axis.mask], self._ag, self._rs)
-        return coll.torch(args, self._tensor(inp, bufs.dtype), self._tensor(res, bufs.dtype)), \
-            inp, res
+        args = TorchArgs(
+            self.dist,
+            pg,
+            self.ops[op] if coll.reduces else None,
+            self.roots[axis.mask],
+            self._ag,
+            self._rs,
+        )
+        return (
+            coll.torch(args, self._tensor(inp, bufs.dtype), self._tensor(res, bufs.dtype)),
+            inp,
+            res,
+        )
 
     def _tensor(self, arr: np.ndarray, dtype: str):
         """A torch tensor sharing `arr`'s memory (bfloat16 reinterpreted from its bits)."""

@@ -59,7 +59,8 @@ def _size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
     if not m:
         raise argparse.ArgumentTypeError(
-            f"expected a size in bytes such as 1024, 64K, 16M or 1G; found {text!r}")
+            f"expected a size in bytes such as 1024, 64K, 16M or 1G; found {text!r}"
+        )
     mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
     return int(m.group(1)) * mult
 
@@ -70,7 +71,9 @@ def parse_rate(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps)?\s*", text.lower())
     if not m:
         raise UsageError(
-            f"--link-rate: expected a rate such as 4gbit, 800mbit or 1.25gbps (bytes/s); found {text!r}")
+            "--link-rate: expected a rate such as 4gbit, 800mbit or 1.25gbps (bytes/s); "
+            f"found {text!r}"
+        )
     mult = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(2)]
     value = float(m.group(1)) * mult
     bytes_per_s = value if m.group(3) == "bps" else value / 8.0
@@ -90,14 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
             "Benchmark fourd's collectives on a 4D process grid, nccl-tests style: time, algbw, "
             "busbw and #wrong per size, out-of-place and in-place, next to MPI (mpi4py) and "
             "torch.distributed (gloo) on the same ranks, with the physical bound per row. "
-            "Run it under MPI: mpiexec -n 4 python -m mpi4py -m fourd.bench"),
+            "Run it under MPI: mpiexec -n 4 python -m mpi4py -m fourd.bench"
+        ),
         add_help=False,
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
             "Sizes take K/M/G suffixes (binary). Lists are comma separated. Exit status: 0 when "
             "every check passed, 1 when a row had #wrong > 0, 2 for a bad command line.\n"
-            "See docs/benchmark.md for the output columns and the JSON schema."),
+            "See docs/benchmark.md for the output columns and the JSON schema."
+        ),
     )
     for add in (_add_sizes, _add_what, _add_grid, _add_output):
         add(p)
@@ -107,85 +112,203 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_sizes(p) -> None:
     """Sizes and iterations (the nccl-tests names)."""
     g = p.add_argument_group("sizes and iterations (nccl-tests names)")
-    g.add_argument("-b", "--minbytes", type=_size, default=DEFAULT_MINBYTES, metavar="SIZE",
-                   help="smallest message size in bytes (default 1K)")
-    g.add_argument("-e", "--maxbytes", type=_size, default=DEFAULT_MAXBYTES, metavar="SIZE",
-                   help="largest message size in bytes (default 16M)")
-    g.add_argument("-f", "--stepfactor", type=float, default=None, metavar="F",
-                   help="multiply the size by F from one row to the next (default 4)")
-    g.add_argument("-i", "--stepbytes", type=_size, default=None, metavar="SIZE",
-                   help="add SIZE bytes from one row to the next instead of -f")
-    g.add_argument("-n", "--iters", type=int, default=None, metavar="N",
-                   help="timed iterations per row (default: adaptive, 3 to 1000, about 50 ms of "
-                        "timed work per row)")
-    g.add_argument("--target-time", type=float, default=None, metavar="SECONDS",
-                   help="adaptive iterations: about this much timed work per cell and round "
-                        "(default 0.05, less for sweeps of over 400 cells); longer averages out "
-                        "more of a busy machine's noise")
-    g.add_argument("-w", "--warmup_iters", "--warmup-iters", dest="warmup_iters", type=int,
-                   default=5, metavar="N",
-                   help="untimed warm-up iterations per row (default 5, as nccl-tests; the "
-                        "first row of a run gets 20 more)")
-    g.add_argument("-R", "--rounds", type=int, default=1, metavar="R",
-                   help="measure every row R times, the cells of the row in an order rotated "
-                        "from round to round, and report each cell's median round (default 1); "
-                        "use 3 or more when comparing implementations within a row on a busy "
-                        "machine")
-    g.add_argument("-c", "--check", type=int, default=1, metavar="N",
-                   help="checked iterations per row against a closed form; 0 = no check "
-                        "(#wrong shows N/A) (default 1)")
-    g.add_argument("--timing", default="iteration", metavar="MODE",
-                   help="iteration (default): each iteration timed on every rank, time = mean of "
-                        "the per-iteration maximum across ranks (the strictest: any rank's jitter "
-                        "counts); batch: as nccl-tests, each rank times the whole batch of "
-                        "iterations back to back, time = the slowest rank's batch / iterations")
-    g.add_argument("-T", "--timeout", type=float, default=None, metavar="SECONDS",
-                   help="deadline of each fourd call (default: fourd's, FOURD_TIMEOUT_S or 300)")
+    _add_size_range(g)
+    _add_iterations(g)
+
+
+def _add_size_range(g) -> None:
+    g.add_argument(
+        "-b",
+        "--minbytes",
+        type=_size,
+        default=DEFAULT_MINBYTES,
+        metavar="SIZE",
+        help="smallest message size in bytes (default 1K)",
+    )
+    g.add_argument(
+        "-e",
+        "--maxbytes",
+        type=_size,
+        default=DEFAULT_MAXBYTES,
+        metavar="SIZE",
+        help="largest message size in bytes (default 16M)",
+    )
+    g.add_argument(
+        "-f",
+        "--stepfactor",
+        type=float,
+        default=None,
+        metavar="F",
+        help="multiply the size by F from one row to the next (default 4)",
+    )
+    g.add_argument(
+        "-i",
+        "--stepbytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="add SIZE bytes from one row to the next instead of -f",
+    )
+
+
+def _add_iterations(g) -> None:
+    g.add_argument(
+        "-n",
+        "--iters",
+        type=int,
+        default=None,
+        metavar="N",
+        help="timed iterations per row (default: adaptive, 3 to 1000, about 50 ms of "
+        "timed work per row)",
+    )
+    g.add_argument(
+        "--target-time",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="adaptive iterations: about this much timed work per cell and round "
+        "(default 0.05, less for sweeps of over 400 cells); longer averages out "
+        "more of a busy machine's noise",
+    )
+    g.add_argument(
+        "-w",
+        "--warmup_iters",
+        "--warmup-iters",
+        dest="warmup_iters",
+        type=int,
+        default=5,
+        metavar="N",
+        help="untimed warm-up iterations per row (default 5, as nccl-tests; the "
+        "first row of a run gets 20 more)",
+    )
+    g.add_argument(
+        "-R",
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="R",
+        help="measure every row R times, the cells of the row in an order rotated "
+        "from round to round, and report each cell's median round (default 1); "
+        "use 3 or more when comparing implementations within a row on a busy "
+        "machine",
+    )
+    g.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        default=1,
+        metavar="N",
+        help="checked iterations per row against a closed form; 0 = no check "
+        "(#wrong shows N/A) (default 1)",
+    )
+    g.add_argument(
+        "--timing",
+        default="iteration",
+        metavar="MODE",
+        help="iteration (default): each iteration timed on every rank, time = mean of "
+        "the per-iteration maximum across ranks (the strictest: any rank's jitter "
+        "counts); batch: as nccl-tests, each rank times the whole batch of "
+        "iterations back to back, time = the slowest rank's batch / iterations",
+    )
+    g.add_argument(
+        "-T",
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="deadline of each fourd call (default: fourd's, FOURD_TIMEOUT_S or 300)",
+    )
 
 
 def _add_what(p) -> None:
     """What to measure; names are fourd's (fourd._C) and the collective table's."""
     g = p.add_argument_group("what to measure")
-    g.add_argument("-d", "--datatype", default="float", metavar="TYPES",
-                   help="float, double, half, bfloat16, int8, uint8, int32, int64 (or float32, "
-                        "float64, float16), a comma list, or all (default float)")
-    g.add_argument("-o", "--op", default="sum", metavar="OPS",
-                   help=f"{', '.join(_C.OPS)}, a comma list, or all (default sum); "
-                        f"{' and '.join(n for n, c in TABLE.items() if not c.reduces)} have no op")
-    g.add_argument("--collective", default=None, metavar="NAMES",
-                   help=f"{', '.join(TABLE)}, a comma list, or all (default: "
-                        f"{','.join(DEFAULT_COLLECTIVES)})")
-    g.add_argument("--axis", default=None, metavar="AXES",
-                   help=f"{', '.join(_C.AXES)}, world, a combination like z+data, a comma list, or all "
-                        "(every combination). Default: every axis with more than one rank, "
-                        "then world")
-    g.add_argument("--algorithm", default=None, metavar="NAMES",
-                   help=f"{', '.join(_C.ALGORITHMS)}, a comma list, or all. "
-                        "Default: auto plus every algorithm fourd.explain reports as able to "
-                        "run the axis")
-    g.add_argument("--device", default="cpu", metavar="DEVICE",
-                   help="cpu (numpy buffers, the full table) or cuda (torch CUDA tensors on "
-                        "cuda:local_rank, timed with CUDA events; needs a GPU build of fourd and "
-                        "torch with CUDA) (default cpu)")
-    g.add_argument("--baseline", default=None, metavar="NAMES",
-                   help="mpi, torch, a comma list, or none (default: every one installed)")
+    g.add_argument(
+        "-d",
+        "--datatype",
+        default="float",
+        metavar="TYPES",
+        help="float, double, half, bfloat16, int8, uint8, int32, int64 (or float32, "
+        "float64, float16), a comma list, or all (default float)",
+    )
+    g.add_argument(
+        "-o",
+        "--op",
+        default="sum",
+        metavar="OPS",
+        help=f"{', '.join(_C.OPS)}, a comma list, or all (default sum); "
+        f"{' and '.join(n for n, c in TABLE.items() if not c.reduces)} have no op",
+    )
+    g.add_argument(
+        "--collective",
+        default=None,
+        metavar="NAMES",
+        help=f"{', '.join(TABLE)}, a comma list, or all (default: {','.join(DEFAULT_COLLECTIVES)})",
+    )
+    g.add_argument(
+        "--axis",
+        default=None,
+        metavar="AXES",
+        help=f"{', '.join(_C.AXES)}, world, a combination like z+data, a comma list, or all "
+        "(every combination). Default: every axis with more than one rank, "
+        "then world",
+    )
+    g.add_argument(
+        "--algorithm",
+        default=None,
+        metavar="NAMES",
+        help=f"{', '.join(_C.ALGORITHMS)}, a comma list, or all. "
+        "Default: auto plus every algorithm fourd.explain reports as able to "
+        "run the axis",
+    )
+    g.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="cpu (numpy buffers, the full table) or cuda (torch CUDA tensors on "
+        "cuda:local_rank, timed with CUDA events; needs a GPU build of fourd and "
+        "torch with CUDA) (default cpu)",
+    )
+    g.add_argument(
+        "--baseline",
+        default=None,
+        metavar="NAMES",
+        help="mpi, torch, a comma list, or none (default: every one installed)",
+    )
 
 
 def _add_grid(p) -> None:
     """The grid and its topology."""
     g = p.add_argument_group("grid and topology")
-    g.add_argument("--grid", default=None, metavar="SPEC",
-                   help="grid sizes such as x=2,y=2,z=1,data=1 (missing axes are 1, data "
-                        "defaults to the remaining ranks). Default on one host: x=2,data=N/2 "
-                        "with --ranks-per-node 2 (virtual nodes); on several hosts: x = ranks "
-                        "per host, data = hosts")
-    g.add_argument("--order", default="x-y-z-data", metavar="ORDER",
-                   help="rank order, innermost axis first (default x-y-z-data)")
-    g.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
-                   help="treat every K consecutive ranks as one node (virtual topology)")
-    g.add_argument("--link-rate", default=None, metavar="RATE",
-                   help="link rate of each node, tc syntax: 4gbit, 800mbit, 1.25gbps (bytes/s). "
-                        "Default: FOURD_CLUSTER_RATE_BPS (set by bench/cluster/run_cluster.sh)")
+    g.add_argument(
+        "--grid",
+        default=None,
+        metavar="SPEC",
+        help="grid sizes such as x=2,y=2,z=1,data=1 (missing axes are 1, data "
+        "defaults to the remaining ranks). Default on one host: x=2,data=N/2 "
+        "with --ranks-per-node 2 (virtual nodes); on several hosts: x = ranks "
+        "per host, data = hosts",
+    )
+    g.add_argument(
+        "--order",
+        default="x-y-z-data",
+        metavar="ORDER",
+        help="rank order, innermost axis first (default x-y-z-data)",
+    )
+    g.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        metavar="K",
+        help="treat every K consecutive ranks as one node (virtual topology)",
+    )
+    g.add_argument(
+        "--link-rate",
+        default=None,
+        metavar="RATE",
+        help="link rate of each node, tc syntax: 4gbit, 800mbit, 1.25gbps (bytes/s). "
+        "Default: FOURD_CLUSTER_RATE_BPS (set by bench/cluster/run_cluster.sh)",
+    )
 
 
 def _add_output(p) -> None:
@@ -193,13 +316,23 @@ def _add_output(p) -> None:
     g = p.add_argument_group("output")
     g.add_argument("-J", "--json", default=None, metavar="FILE", help="write every row as JSON")
     g.add_argument("--csv", default=None, metavar="FILE", help="write every row as CSV")
-    g.add_argument("--plot", default=None, metavar="FILE.png",
-                   help="plot busbw against size per algorithm and baseline (needs matplotlib)")
-    g.add_argument("--quiet", action="store_true",
-                   help="print only the summary: no header, tables, notes or progress bar")
-    g.add_argument("--progress", action="store_true",
-                   help="show the progress bar even when stderr is not a terminal (under "
-                        "mpiexec it usually is not)")
+    g.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="plot busbw against size per algorithm and baseline (needs matplotlib)",
+    )
+    g.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print only the summary: no header, tables, notes or progress bar",
+    )
+    g.add_argument(
+        "--progress",
+        action="store_true",
+        help="show the progress bar even when stderr is not a terminal (under "
+        "mpiexec it usually is not)",
+    )
     g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
 
 
@@ -256,12 +389,16 @@ def _sizes(args) -> list[int]:
         raise UsageError(f"-e/--maxbytes: expected at least -b/--minbytes ({lo}); found {hi}")
     if args.stepbytes is not None and args.stepfactor is not None:
         raise UsageError("-f/--stepfactor and -i/--stepbytes: expected one of them, found both")
-    out = _added_sizes(lo, hi, args.stepbytes) if args.stepbytes is not None else \
-        _multiplied_sizes(lo, hi, args.stepfactor)
+    out = (
+        _added_sizes(lo, hi, args.stepbytes)
+        if args.stepbytes is not None
+        else _multiplied_sizes(lo, hi, args.stepfactor)
+    )
     if len(out) > MAX_SIZES:
         raise UsageError(
             f"-b/-e/-f/-i: expected at most {MAX_SIZES} sizes; found more (from {lo} to {hi}); "
-            f"use a larger step")
+            f"use a larger step"
+        )
     return out
 
 
@@ -343,13 +480,15 @@ def parse_grid(text: str, world: int) -> dict:
     if "data" not in sizes:
         if world % (x * y * z):
             raise UsageError(
-                f"--grid: x*y*z = {x * y * z} must divide the {world} ranks; found {text!r}")
+                f"--grid: x*y*z = {x * y * z} must divide the {world} ranks; found {text!r}"
+            )
         sizes["data"] = world // (x * y * z)
     total = x * y * z * sizes["data"]
     if total != world:
         raise UsageError(
             f"--grid: x*y*z*data must equal the number of ranks ({world}); found {total} from "
-            f"{text!r}")
+            f"{text!r}"
+        )
     return {"x": x, "y": y, "z": z, "data": sizes["data"]}
 
 
@@ -361,7 +500,8 @@ def _grid_pairs(text: str) -> dict:
         k = k.strip()
         if not sep or k not in _C.AXES:
             raise UsageError(
-                f"--grid: expected axis=size pairs such as x=2,y=2,z=1,data=1; found {item!r}")
+                f"--grid: expected axis=size pairs such as x=2,y=2,z=1,data=1; found {item!r}"
+            )
         if k in sizes:
             raise UsageError(f"--grid: axis {k!r} given twice in {text!r}")
         try:
@@ -384,7 +524,8 @@ def parse_order(text: str) -> str:
     except InvalidArgumentError:
         raise UsageError(
             f"--order: expected the four axes x, y, z, data in some order, such as x-y-z-data; "
-            f"found {text!r}") from None
+            f"found {text!r}"
+        ) from None
 
 
 def default_grid(world: int, hosts: list[str]) -> tuple[dict, int | None, str]:
@@ -394,19 +535,35 @@ def default_grid(world: int, hosts: list[str]) -> tuple[dict, int | None, str]:
     distinct = list(dict.fromkeys(hosts))
     if len(distinct) > 1:
         per = [hosts.count(h) for h in distinct]
-        contiguous = all(hosts[i] == distinct[i // per[0]] for i in range(world)) if len(set(per)) == 1 else False
+        contiguous = (
+            all(hosts[i] == distinct[i // per[0]] for i in range(world))
+            if len(set(per)) == 1
+            else False
+        )
         if contiguous:
             k = per[0]
-            return ({"x": k, "y": 1, "z": 1, "data": world // k}, None,
-                    f"{len(distinct)} hosts x {k} ranks: x within a host, data across hosts")
-        return ({"x": 1, "y": 1, "z": 1, "data": world}, None,
-                f"{len(distinct)} hosts with uneven or interleaved ranks: one data axis")
+            return (
+                {"x": k, "y": 1, "z": 1, "data": world // k},
+                None,
+                f"{len(distinct)} hosts x {k} ranks: x within a host, data across hosts",
+            )
+        return (
+            {"x": 1, "y": 1, "z": 1, "data": world},
+            None,
+            f"{len(distinct)} hosts with uneven or interleaved ranks: one data axis",
+        )
     if world >= 4 and world % 2 == 0:
-        return ({"x": 2, "y": 1, "z": 1, "data": world // 2}, 2,
-                "one host: x=2 within a virtual node of 2 ranks, data across virtual nodes")
+        return (
+            {"x": 2, "y": 1, "z": 1, "data": world // 2},
+            2,
+            "one host: x=2 within a virtual node of 2 ranks, data across virtual nodes",
+        )
     if world == 2:
-        return ({"x": 1, "y": 1, "z": 1, "data": 2}, 1,
-                "one host: data=2 across two virtual nodes of 1 rank")
+        return (
+            {"x": 1, "y": 1, "z": 1, "data": 2},
+            1,
+            "one host: data=2 across two virtual nodes of 1 rank",
+        )
     return ({"x": 1, "y": 1, "z": 1, "data": world}, None, "one host: one data axis")
 
 
@@ -417,7 +574,8 @@ def parse_axis_name(name: str) -> int:
     except InvalidArgumentError:
         raise UsageError(
             f"--axis: expected x, y, z, data, world, a combination such as z+data, or all; "
-            f"found {name!r}") from None
+            f"found {name!r}"
+        ) from None
 
 
 def axis_label(mask: int, nontrivial: int) -> str:
@@ -439,8 +597,9 @@ def _axis_masks(text: str | None, sizes: dict, nontrivial: int, notes: list) -> 
     if any(i == "all" for i in items):
         if len(items) > 1:
             raise UsageError(f"--axis: 'all' cannot be combined with other names; found {text!r}")
-        return [sum(c) for r in range(1, len(single) + 1)
-                for c in itertools.combinations(single, r)]
+        return [
+            sum(c) for r in range(1, len(single) + 1) for c in itertools.combinations(single, r)
+        ]
     masks = []
     for i in items:
         m = parse_axis_name(i) & nontrivial
@@ -451,8 +610,9 @@ def _axis_masks(text: str | None, sizes: dict, nontrivial: int, notes: list) -> 
     return masks
 
 
-def resolve_axes(text: str | None, sizes: dict, notes: list,
-                 order: str = "x-y-z-data") -> list[AxisSpec]:
+def resolve_axes(
+    text: str | None, sizes: dict, notes: list, order: str = "x-y-z-data"
+) -> list[AxisSpec]:
     """--axis against the grid `sizes` (axis -> size): one AxisSpec per distinct group, with its
     size from the grid's own arithmetic (fourd._C.ProcessGrid)."""
     grid = _C.ProcessGrid(sizes=[sizes[a] for a in _C.AXES], order=order)
@@ -468,12 +628,14 @@ def resolve_axes(text: str | None, sizes: dict, notes: list,
     if not out:
         raise UsageError(
             "--axis: nothing to measure: every requested axis is a group of 1 rank on this grid "
-            f"({', '.join(f'{a}={sizes[a]}' for a in _C.AXES)})")
+            f"({', '.join(f'{a}={sizes[a]}' for a in _C.AXES)})"
+        )
     return out
 
 
-def parse(argv: list[str], world: int, hosts: list[str] | None = None,
-          environ: dict | None = None) -> Config:
+def parse(
+    argv: list[str], world: int, hosts: list[str] | None = None, environ: dict | None = None
+) -> Config:
     """Parses and validates argv for a world of `world` ranks on `hosts` (one per rank).
     Raises UsageError (bad arguments) or HelpRequested (-h). No MPI, no I/O beyond checking
     that output folders exist."""
@@ -492,17 +654,35 @@ def parse(argv: list[str], world: int, hosts: list[str] | None = None,
     link_rate, link_src = _link_rate(args, environ, notes)
     _check_outputs(args)
     device = _one_of(args.device, "--device", ("cpu", "cuda"), "expected cpu or cuda")
-    timing = _one_of(args.timing, "--timing", ("iteration", "batch"),
-                     "expected iteration or batch")
+    timing = _one_of(args.timing, "--timing", ("iteration", "batch"), "expected iteration or batch")
     return Config(
-        timing=timing, device=device, argv=list(argv), sizes=sizes, iters=args.iters,
-        warmup=args.warmup_iters, rounds=args.rounds, target_time=args.target_time,
-        check=args.check, timeout=args.timeout, **names, axes=axes,
-        axes_requested=args.axis is not None, algorithms_requested=args.algorithm is not None,
+        timing=timing,
+        device=device,
+        argv=list(argv),
+        sizes=sizes,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        rounds=args.rounds,
+        target_time=args.target_time,
+        check=args.check,
+        timeout=args.timeout,
+        **names,
+        axes=axes,
+        axes_requested=args.axis is not None,
+        algorithms_requested=args.algorithm is not None,
         baselines_requested=args.baseline is not None,
-        grid=grid, order=order, ranks_per_node=rpn, grid_source=source, link_rate=link_rate,
-        link_rate_source=link_src, json=args.json, csv=args.csv, plot=args.plot,
-        quiet=args.quiet, progress=args.progress, notes=notes,
+        grid=grid,
+        order=order,
+        ranks_per_node=rpn,
+        grid_source=source,
+        link_rate=link_rate,
+        link_rate_source=link_src,
+        json=args.json,
+        csv=args.csv,
+        plot=args.plot,
+        quiet=args.quiet,
+        progress=args.progress,
+        notes=notes,
         raw={k: v for k, v in vars(args).items() if k != "help"},
     )
 
@@ -516,14 +696,22 @@ def _check_numbers(args) -> None:
     if args.rounds < 1:
         raise UsageError(f"-R/--rounds: expected at least 1 round; found {args.rounds}")
     if args.target_time is not None and not args.target_time > 0:
-        raise UsageError(f"--target-time: expected a positive number of seconds; found {args.target_time:g}")
+        raise UsageError(
+            f"--target-time: expected a positive number of seconds; found {args.target_time:g}"
+        )
     if args.iters is not None and args.target_time is not None:
-        raise UsageError("-n/--iters and --target-time: give one (fixed iterations, or adaptive "
-                         "ones with a target time)")
+        raise UsageError(
+            "-n/--iters and --target-time: give one (fixed iterations, or adaptive "
+            "ones with a target time)"
+        )
     if args.check < 0:
-        raise UsageError(f"-c/--check: expected 0 (off) or a number of checked iterations; found {args.check}")
+        raise UsageError(
+            f"-c/--check: expected 0 (off) or a number of checked iterations; found {args.check}"
+        )
     if args.timeout is not None and not args.timeout > 0:
-        raise UsageError(f"-T/--timeout: expected a positive number of seconds; found {args.timeout:g}")
+        raise UsageError(
+            f"-T/--timeout: expected a positive number of seconds; found {args.timeout:g}"
+        )
 
 
 def _names(args) -> dict:
@@ -532,11 +720,14 @@ def _names(args) -> dict:
     names = {
         "dtypes": _choose(args.datatype, "-d/--datatype", _C.DTYPES, _DTYPE),
         "ops": _choose(args.op, "-o/--op", _C.OPS, _OP),
-        "collectives": (_choose(args.collective, "--collective", tuple(TABLE), _COLLECTIVE)
-                        or list(DEFAULT_COLLECTIVES)),
+        "collectives": (
+            _choose(args.collective, "--collective", tuple(TABLE), _COLLECTIVE)
+            or list(DEFAULT_COLLECTIVES)
+        ),
         # By default every algorithm, each kept only where fourd.explain says it can run.
-        "algorithms": (_choose(args.algorithm, "--algorithm", _C.ALGORITHMS, _ALGORITHM)
-                       or list(_C.ALGORITHMS)),
+        "algorithms": (
+            _choose(args.algorithm, "--algorithm", _C.ALGORITHMS, _ALGORITHM) or list(_C.ALGORITHMS)
+        ),
     }
     names["baselines"] = _baselines(args.baseline)
     return names
@@ -545,8 +736,9 @@ def _names(args) -> dict:
 def _baselines(text: str | None) -> list[str]:
     if text is not None and text.strip().lower() == "none":
         return []
-    baselines = _choose(text, "--baseline", BASELINES + ("none",), _baseline,
-                        all_value=BASELINES) or list(BASELINES)
+    baselines = _choose(
+        text, "--baseline", BASELINES + ("none",), _baseline, all_value=BASELINES
+    ) or list(BASELINES)
     if "none" in baselines:
         raise UsageError(f"--baseline: 'none' cannot be combined with other names; found {text!r}")
     return baselines
@@ -557,7 +749,8 @@ def _grid(args, world: int, hosts: list[str]) -> tuple[dict, str, int | None, st
     if args.ranks_per_node is not None and not 1 <= args.ranks_per_node <= world:
         raise UsageError(
             f"--ranks-per-node: expected an integer from 1 to the number of ranks ({world}); "
-            f"found {args.ranks_per_node}")
+            f"found {args.ranks_per_node}"
+        )
     order = parse_order(args.order)
     if args.grid is not None:
         return parse_grid(args.grid, world), order, args.ranks_per_node, "--grid"
@@ -593,7 +786,9 @@ def _check_outputs(args) -> None:
             if not os.path.isdir(folder):
                 raise UsageError(f"{opt}: the folder {folder!r} of {path!r} does not exist")
     if args.plot is not None and not args.plot.lower().endswith((".png", ".svg", ".pdf")):
-        raise UsageError(f"--plot: expected a file name ending in .png, .svg or .pdf; found {args.plot!r}")
+        raise UsageError(
+            f"--plot: expected a file name ending in .png, .svg or .pdf; found {args.plot!r}"
+        )
 
 
 def _one_of(value, option: str, choices: tuple, expected: str) -> str:

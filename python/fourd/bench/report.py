@@ -20,27 +20,66 @@ SCHEMA_VERSION = 4  # 2: rows gained rounds and round_times_us (--rounds); 3: au
 
 # Every row carries these keys (None where a value does not apply), in this order in the CSV.
 ROW_FIELDS = (
-    ("collective", str), ("axis", str), ("library", str), ("algorithm", str),
-    ("in_place", bool), ("size_bytes", int), ("requested_bytes", int), ("count", int),
-    ("dtype", str), ("op", str), ("group_size", int), ("groups", int), ("nodes", int),
-    ("ranks_per_node", int), ("iters", int), ("warmup", int), ("check_iters", int),
+    ("collective", str),
+    ("axis", str),
+    ("library", str),
+    ("algorithm", str),
+    ("in_place", bool),
+    ("size_bytes", int),
+    ("requested_bytes", int),
+    ("count", int),
+    ("dtype", str),
+    ("op", str),
+    ("group_size", int),
+    ("groups", int),
+    ("nodes", int),
+    ("ranks_per_node", int),
+    ("iters", int),
+    ("warmup", int),
+    ("check_iters", int),
     ("rounds", int),
-    ("time_us", float), ("time_us_min", float), ("time_us_median", float),
-    ("time_us_p99", float), ("time_us_max", float), ("time_us_rank_avg", float),
-    ("algbw_gbps", float), ("busbw_gbps", float), ("bus_factor", float),
-    ("wrong", (int, type(None))), ("bound_us", (float, type(None))),
-    ("bound_sum_us", (float, type(None))), ("efficiency", (float, type(None))),
-    ("predicted_us", (float, type(None))), ("auto_choice", (str, type(None))),
-    ("auto_tuning", (dict, type(None))), ("auto_choices", (list, type(None))),
-    ("ratio_vs_mpi", (float, type(None))), ("ratio_vs_torch", (float, type(None))),
-    ("times_us", list), ("round_times_us", list),
+    ("time_us", float),
+    ("time_us_min", float),
+    ("time_us_median", float),
+    ("time_us_p99", float),
+    ("time_us_max", float),
+    ("time_us_rank_avg", float),
+    ("algbw_gbps", float),
+    ("busbw_gbps", float),
+    ("bus_factor", float),
+    ("wrong", (int, type(None))),
+    ("bound_us", (float, type(None))),
+    ("bound_sum_us", (float, type(None))),
+    ("efficiency", (float, type(None))),
+    ("predicted_us", (float, type(None))),
+    ("auto_choice", (str, type(None))),
+    ("auto_tuning", (dict, type(None))),
+    ("auto_choices", (list, type(None))),
+    ("ratio_vs_mpi", (float, type(None))),
+    ("ratio_vs_torch", (float, type(None))),
+    ("times_us", list),
+    ("round_times_us", list),
 )
 TOP_FIELDS = (
-    ("schema", str), ("schema_version", int), ("start_time", str), ("duration_s", float),
-    ("command", list), ("args", dict), ("environment", dict), ("fourd", dict), ("mpi", dict),
-    ("grid", dict), ("placement", list), ("topology", dict), ("timing", dict),
-    ("bandwidth", dict), ("baselines", dict), ("rows", list), ("skipped", list),
-    ("summary", dict), ("ok", bool),
+    ("schema", str),
+    ("schema_version", int),
+    ("start_time", str),
+    ("duration_s", float),
+    ("command", list),
+    ("args", dict),
+    ("environment", dict),
+    ("fourd", dict),
+    ("mpi", dict),
+    ("grid", dict),
+    ("placement", list),
+    ("topology", dict),
+    ("timing", dict),
+    ("bandwidth", dict),
+    ("baselines", dict),
+    ("rows", list),
+    ("skipped", list),
+    ("summary", dict),
+    ("ok", bool),
 )
 LIBRARIES = ("fourd", "mpi", "torch")
 
@@ -68,7 +107,9 @@ def _top_errors(doc: dict) -> list[str]:
     if doc.get("schema") != SCHEMA:
         errs.append(f"schema: expected {SCHEMA!r}, found {doc.get('schema')!r}")
     if doc.get("schema_version") != SCHEMA_VERSION:
-        errs.append(f"schema_version: expected {SCHEMA_VERSION}, found {doc.get('schema_version')!r}")
+        errs.append(
+            f"schema_version: expected {SCHEMA_VERSION}, found {doc.get('schema_version')!r}"
+        )
     return errs
 
 
@@ -164,8 +205,9 @@ def write_plot(path: str, rows: list, title: str):
     from matplotlib.ticker import FuncFormatter
 
     size_fmt = FuncFormatter(lambda v, _pos: fmt_size(int(v)) if v >= 1 else "")
-    fig, grid = plt.subplots(len(colls), len(axes), figsize=(4.6 * len(axes), 3.4 * len(colls)),
-                             squeeze=False)
+    fig, grid = plt.subplots(
+        len(colls), len(axes), figsize=(4.6 * len(axes), 3.4 * len(colls)), squeeze=False
+    )
     for i, c in enumerate(colls):
         for j, a in enumerate(axes):
             mine = [r for r in rows if r["collective"] == c and r["axis"] == a]
@@ -180,8 +222,9 @@ def _plot_panel(ax, mine: list, title: str, size_fmt) -> None:
     """One (collective, axis): a line per series, the bound dotted."""
     multi = len({(r["dtype"], r["op"]) for r in mine}) > 1
     for key in dict.fromkeys((series_label(r), r["dtype"], r["op"]) for r in mine):
-        _plot_series(ax, [r for r in mine if (series_label(r), r["dtype"], r["op"]) == key], key,
-                     multi)
+        _plot_series(
+            ax, [r for r in mine if (series_label(r), r["dtype"], r["op"]) == key], key, multi
+        )
     bnd = {}
     for r in mine:
         if r.get("bound_us"):
@@ -210,11 +253,13 @@ def _plot_series(ax, sel: list, key: tuple, multi: bool) -> None:
     if multi:
         label += f" {key[1]}" + ("" if key[2] == "none" else f" {key[2]}")
     style = "-o" if use and use[0]["library"] == "fourd" else "--s"
-    ax.plot([r["size_bytes"] for r in use], [r["busbw_gbps"] for r in use], style, ms=3,
-            label=label)
+    ax.plot(
+        [r["size_bytes"] for r in use], [r["busbw_gbps"] for r in use], style, ms=3, label=label
+    )
 
 
 # ---- text output -------------------------------------------------------------------------------
+
 
 def fmt_size(n: int) -> str:
     for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
@@ -251,8 +296,15 @@ def _block(row, fourd_row: bool, baselines) -> str:
     if fourd_row:
         vm = _r(row.get("ratio_vs_mpi")) if "mpi" in baselines else ""
         vt = _r(row.get("ratio_vs_torch")) if "torch" in baselines else ""
-    return BLOCK.format(_t(row["time_us"]), f"{row['algbw_gbps']:.2f}", f"{row['busbw_gbps']:.2f}",
-                        wrong, _pct(row["efficiency"]), vm, vt)
+    return BLOCK.format(
+        _t(row["time_us"]),
+        f"{row['algbw_gbps']:.2f}",
+        f"{row['busbw_gbps']:.2f}",
+        wrong,
+        _pct(row["efficiency"]),
+        vm,
+        vt,
+    )
 
 
 class Printer:
@@ -281,9 +333,11 @@ class Printer:
         p = axis.group_size
         factor = TABLE[coll].factor_text
         self._out("#")
-        self._out(f"# {coll} on {axis.name}: groups of {p} ranks ({info['description']}), "
-                  f"{info['groups']} group{'s' if info['groups'] > 1 else ''} at once; "
-                  f"busbw = algbw x {factor}; bound: {info['bound_text']}")
+        self._out(
+            f"# {coll} on {axis.name}: groups of {p} ranks ({info['description']}), "
+            f"{info['groups']} group{'s' if info['groups'] > 1 else ''} at once; "
+            f"busbw = algbw x {factor}; bound: {info['bound_text']}"
+        )
         pad = " " * len(LEFT.format(*[""] * 6))
         w = len(BLOCK.format(*[""] * 7))
         self._out(f"#{pad}{'out-of-place':^{w}}{'in-place':^{w}}")
@@ -301,10 +355,13 @@ class Printer:
             if impl.library == "fourd" and impl.algorithm == "auto" and first.get("auto_choice"):
                 chs = list(dict.fromkeys(first.get("auto_choices") or [first["auto_choice"]]))
                 alg = f"auto({'|'.join(ALGO_SHORT.get(c, str(c)) for c in chs)})"
-            left = LEFT.format(nbytes, count, dtype, op, alg,
-                               _t(bnd["t_min_s"] * 1e6) if bnd else "n/a")
-            blocks = "".join(_block(cells.get(in_place), impl.library == "fourd", baselines)
-                             for in_place in (False, True))
+            left = LEFT.format(
+                nbytes, count, dtype, op, alg, _t(bnd["t_min_s"] * 1e6) if bnd else "n/a"
+            )
+            blocks = "".join(
+                _block(cells.get(in_place), impl.library == "fourd", baselines)
+                for in_place in (False, True)
+            )
             self._out(f" {left}{blocks}")
 
     def table_footer(self, coll, axis, rows):
@@ -349,8 +406,10 @@ def auto_check(rows: list) -> dict | None:
         best = min(singles.values(), key=lambda r: r["time_us"])
         ratio = auto["time_us"] / best["time_us"]
         by_time += ratio <= AUTO_MARGIN
-        by_median += auto["time_us_median"] / min(r["time_us_median"] for r in singles.values()) \
+        by_median += (
+            auto["time_us_median"] / min(r["time_us_median"] for r in singles.values())
             <= AUTO_MARGIN
+        )
         if worst is None or ratio > worst["ratio"]:
             worst = _worst_cell(k, ratio, auto, best)
         if len(set(auto.get("auto_choices") or [])) > 1:
@@ -364,9 +423,14 @@ def auto_check(rows: list) -> dict | None:
         return None
     same.sort()
     return {
-        "margin": AUTO_MARGIN, "cells": n, "within_by_time": by_time,
-        "within_by_median": by_median, "worst": worst,
-        "same_algorithm_cells": len(same), "choice_within": chosen, "groups_split_cells": split,
+        "margin": AUTO_MARGIN,
+        "cells": n,
+        "within_by_time": by_time,
+        "within_by_median": by_median,
+        "worst": worst,
+        "same_algorithm_cells": len(same),
+        "choice_within": chosen,
+        "groups_split_cells": split,
         **_spread(same),
     }
 
@@ -383,14 +447,24 @@ def _fourd_cells(rows: list) -> dict:
 
 def _spread(same: list) -> dict:
     """The median and the largest of sorted differences (None without any)."""
-    return {"same_algorithm_diff_median": same[(len(same) - 1) // 2] if same else None,
-            "same_algorithm_diff_max": same[-1] if same else None}
+    return {
+        "same_algorithm_diff_median": same[(len(same) - 1) // 2] if same else None,
+        "same_algorithm_diff_max": same[-1] if same else None,
+    }
 
 
 def _worst_cell(k: tuple, ratio: float, auto: dict, best: dict) -> dict:
-    return {"collective": k[0], "axis": k[1], "dtype": k[2], "op": k[3], "size_bytes": k[4],
-            "in_place": k[5], "ratio": ratio, "auto_choice": auto["auto_choice"],
-            "best_algorithm": best["algorithm"]}
+    return {
+        "collective": k[0],
+        "axis": k[1],
+        "dtype": k[2],
+        "op": k[3],
+        "size_bytes": k[4],
+        "in_place": k[5],
+        "ratio": ratio,
+        "auto_choice": auto["auto_choice"],
+        "best_algorithm": best["algorithm"],
+    }
 
 
 def summarize(rows: list) -> dict:
@@ -403,7 +477,9 @@ def summarize(rows: list) -> dict:
         "per_algorithm": _per_algorithm(rows),
         "best_per_size": _best_per_size(rows),
         "auto_check": auto_check(rows),
-        "avg_busbw_gbps": (sum(r["busbw_gbps"] for r in fourd_rows) / len(fourd_rows)) if fourd_rows else None,
+        "avg_busbw_gbps": (sum(r["busbw_gbps"] for r in fourd_rows) / len(fourd_rows))
+        if fourd_rows
+        else None,
         "wrong_total": wrong,
         "rows": len(rows),
     }
@@ -411,25 +487,46 @@ def summarize(rows: list) -> dict:
 
 def _per_algorithm(rows: list) -> list:
     per = []
-    keys = list(dict.fromkeys((r["collective"], r["axis"], r["library"], r["algorithm"]) for r in rows))
+    keys = list(
+        dict.fromkeys((r["collective"], r["axis"], r["library"], r["algorithm"]) for r in rows)
+    )
     for c, a, lib, alg in keys:
-        sel = [r for r in rows if (r["collective"], r["axis"], r["library"], r["algorithm"]) == (c, a, lib, alg)]
+        sel = [
+            r
+            for r in rows
+            if (r["collective"], r["axis"], r["library"], r["algorithm"]) == (c, a, lib, alg)
+        ]
         effs = [r["efficiency"] for r in sel if r["efficiency"] is not None]
-        per.append({
-            "collective": c, "axis": a, "library": lib, "algorithm": alg,
-            "rows": len(sel),
-            "avg_busbw_gbps": sum(r["busbw_gbps"] for r in sel) / len(sel),
-            "avg_efficiency": (sum(effs) / len(effs)) if effs else None,
-            "ratio_vs_mpi": geomean([r["ratio_vs_mpi"] for r in sel]) if lib == "fourd" else None,
-            "ratio_vs_torch": geomean([r["ratio_vs_torch"] for r in sel]) if lib == "fourd" else None,
-        })
+        per.append(
+            {
+                "collective": c,
+                "axis": a,
+                "library": lib,
+                "algorithm": alg,
+                "rows": len(sel),
+                "avg_busbw_gbps": sum(r["busbw_gbps"] for r in sel) / len(sel),
+                "avg_efficiency": (sum(effs) / len(effs)) if effs else None,
+                "ratio_vs_mpi": geomean([r["ratio_vs_mpi"] for r in sel])
+                if lib == "fourd"
+                else None,
+                "ratio_vs_torch": geomean([r["ratio_vs_torch"] for r in sel])
+                if lib == "fourd"
+                else None,
+            }
+        )
     return per
 
 
 def _best_per_size(rows: list) -> list:
     best = []
-    for key in dict.fromkeys((r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) for r in rows):
-        sel = [r for r in rows if (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) == key]
+    for key in dict.fromkeys(
+        (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) for r in rows
+    ):
+        sel = [
+            r
+            for r in rows
+            if (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) == key
+        ]
         best.append(_best_of(key, sel))
     return best
 
@@ -443,11 +540,16 @@ def _best_of(key: tuple, sel: list) -> dict:
         if k not in by_impl or r["time_us"] < by_impl[k]["time_us"]:
             by_impl[k] = r
     fourd = [r for r in by_impl.values() if r["library"] == "fourd" and r["algorithm"] != "auto"]
-    auto = next((r for r in by_impl.values() if r["library"] == "fourd" and r["algorithm"] == "auto"), None)
+    auto = next(
+        (r for r in by_impl.values() if r["library"] == "fourd" and r["algorithm"] == "auto"), None
+    )
     b = min(fourd, key=lambda r: r["time_us"]) if fourd else auto
     o = min(by_impl.values(), key=lambda r: r["time_us"]) if by_impl else None
     return {
-        "collective": key[0], "axis": key[1], "dtype": key[2], "op": key[3],
+        "collective": key[0],
+        "axis": key[1],
+        "dtype": key[2],
+        "op": key[3],
         "size_bytes": key[4],
         "best_algorithm": _get(b, "algorithm"),
         "best_time_us": _get(b, "time_us"),
@@ -471,32 +573,50 @@ def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: in
     wrong = summary["wrong_total"]
     pr.line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", always=True)
     avg = summary["avg_busbw_gbps"]
-    pr.line(f"# Avg bus bandwidth    : {'n/a' if avg is None else f'{avg:.4f}'} GB/s "
-            f"(fourd rows, out-of-place and in-place)", always=True)
+    pr.line(
+        f"# Avg bus bandwidth    : {'n/a' if avg is None else f'{avg:.4f}'} GB/s "
+        f"(fourd rows, out-of-place and in-place)",
+        always=True,
+    )
     extra = f", {skipped_count} notes about skipped cells" if skipped_count else ""
-    pr.line(f"# Collective test concluded: {summary['rows']} rows in {duration:.1f} s{extra}",
-            always=True)
+    pr.line(
+        f"# Collective test concluded: {summary['rows']} rows in {duration:.1f} s{extra}",
+        always=True,
+    )
 
 
 def _print_per_algorithm(pr: Printer, per: list) -> None:
-    pr.line("# Summary: avg busbw over sizes, out-of-place and in-place; avg eff = bound / time; "
-            "vs = geometric mean of t_baseline / t_fourd (> 1: fourd faster)", always=True)
-    pr.line(f"#   {'collective':<15}{'axis':<10}{'algorithm':<13}{'avg busbw':>10}{'avg eff':>9}"
-            f"{'vs mpi':>8}{'vs torch':>9}", always=True)
+    pr.line(
+        "# Summary: avg busbw over sizes, out-of-place and in-place; avg eff = bound / time; "
+        "vs = geometric mean of t_baseline / t_fourd (> 1: fourd faster)",
+        always=True,
+    )
+    pr.line(
+        f"#   {'collective':<15}{'axis':<10}{'algorithm':<13}{'avg busbw':>10}{'avg eff':>9}"
+        f"{'vs mpi':>8}{'vs torch':>9}",
+        always=True,
+    )
     for s in per:
         label = s["algorithm"] if s["library"] == "fourd" else s["library"]
         eff = "-" if s["avg_efficiency"] is None else f"{s['avg_efficiency'] * 100:.0f}%"
-        pr.line(f"#   {s['collective']:<15}{s['axis']:<10}{label:<13}{s['avg_busbw_gbps']:>10.3f}"
-                f"{eff:>9}{_r(s['ratio_vs_mpi']):>8}{_r(s['ratio_vs_torch']):>9}", always=True)
+        pr.line(
+            f"#   {s['collective']:<15}{s['axis']:<10}{label:<13}{s['avg_busbw_gbps']:>10.3f}"
+            f"{eff:>9}{_r(s['ratio_vs_mpi']):>8}{_r(s['ratio_vs_torch']):>9}",
+            always=True,
+        )
 
 
 def _print_best(pr: Printer, best: list) -> None:
-    pr.line("# Best fourd algorithm per size (fastest placement; [auto's choice]; * = a baseline "
-            "was faster):", always=True)
+    pr.line(
+        "# Best fourd algorithm per size (fastest placement; [auto's choice]; * = a baseline "
+        "was faster):",
+        always=True,
+    )
     groups = list(dict.fromkeys((b["collective"], b["axis"], b["dtype"], b["op"]) for b in best))
     for g in groups:
-        items = [_best_item(b) for b in best
-                 if (b["collective"], b["axis"], b["dtype"], b["op"]) == g]
+        items = [
+            _best_item(b) for b in best if (b["collective"], b["axis"], b["dtype"], b["op"]) == g
+        ]
         op = "" if g[3] == "none" else f" {g[3]}"
         pr.line(f"#   {g[0]} {g[1]} {g[2]}{op}: {' '.join(items)}", always=True)
 
@@ -512,22 +632,35 @@ def _best_item(b: dict) -> str:
 
 def _print_auto_check(pr: Printer, ac: dict) -> None:
     w = ac["worst"]
-    where = (f"{w['collective']} {w['axis']} {w['dtype']} {fmt_size(w['size_bytes'])} "
-             f"{'in-place' if w['in_place'] else 'out-of-place'}: auto ran "
-             f"{w['auto_choice']}, fastest {w['best_algorithm']}")
-    pr.line(f"# auto within {round((ac['margin'] - 1) * 100)}% of the fastest single algorithm: "
-            f"{ac['within_by_time']}/{ac['cells']} cells by time, {ac['within_by_median']}/"
-            f"{ac['cells']} by per-iteration median; worst {ac['worst']['ratio']:.2f}x "
-            f"({where})", always=True)
+    where = (
+        f"{w['collective']} {w['axis']} {w['dtype']} {fmt_size(w['size_bytes'])} "
+        f"{'in-place' if w['in_place'] else 'out-of-place'}: auto ran "
+        f"{w['auto_choice']}, fastest {w['best_algorithm']}"
+    )
+    pr.line(
+        f"# auto within {round((ac['margin'] - 1) * 100)}% of the fastest single algorithm: "
+        f"{ac['within_by_time']}/{ac['cells']} cells by time, {ac['within_by_median']}/"
+        f"{ac['cells']} by per-iteration median; worst {ac['worst']['ratio']:.2f}x "
+        f"({where})",
+        always=True,
+    )
     if ac["same_algorithm_cells"]:
-        pr.line(f"# run noise: auto's cell vs the cell of the algorithm it ran (same code, "
-                f"{ac['same_algorithm_cells']} cells): median difference "
-                f"{ac['same_algorithm_diff_median'] * 100:.0f}%, largest "
-                f"{ac['same_algorithm_diff_max'] * 100:.0f}%", always=True)
-        pr.line(f"# auto's choice: the algorithm it ran, in its own cell, within "
-                f"{round((ac['margin'] - 1) * 100)}% of the fastest in {ac['choice_within']}/"
-                f"{ac['same_algorithm_cells']} cells", always=True)
+        pr.line(
+            f"# run noise: auto's cell vs the cell of the algorithm it ran (same code, "
+            f"{ac['same_algorithm_cells']} cells): median difference "
+            f"{ac['same_algorithm_diff_median'] * 100:.0f}%, largest "
+            f"{ac['same_algorithm_diff_max'] * 100:.0f}%",
+            always=True,
+        )
+        pr.line(
+            f"# auto's choice: the algorithm it ran, in its own cell, within "
+            f"{round((ac['margin'] - 1) * 100)}% of the fastest in {ac['choice_within']}/"
+            f"{ac['same_algorithm_cells']} cells",
+            always=True,
+        )
     if ac.get("groups_split_cells"):
-        pr.line(f"# auto's groups split: in {ac['groups_split_cells']} cells the groups of the "
-                f"axis settled on different algorithms (auto(a|b) above; docs/algorithms.md)",
-                always=True)
+        pr.line(
+            f"# auto's groups split: in {ac['groups_split_cells']} cells the groups of the "
+            f"axis settled on different algorithms (auto(a|b) above; docs/algorithms.md)",
+            always=True,
+        )

@@ -105,7 +105,9 @@ class Progress:
         bar = "#" * int(frac * 30)
         el = time.perf_counter() - self.t0
         eta = el / frac - el if frac > 0 else 0.0
-        sys.stderr.write(f"\r\033[K[{bar:<30}] {frac * 100:3.0f}%  {el:5.0f} s, ~{eta:4.0f} s left  {label}")
+        sys.stderr.write(
+            f"\r\033[K[{bar:<30}] {frac * 100:3.0f}%  {el:5.0f} s, ~{eta:4.0f} s left  {label}"
+        )
         sys.stderr.flush()
         self.shown = True
 
@@ -119,8 +121,9 @@ class Progress:
 class Runner:
     """The sweep over the planned cells (cli.py sets it up); collective over the world."""
 
-    def __init__(self, cfg, world, grid, impls, baselines, axis_info, intra_bps, link_bps,
-                 printer, progress):
+    def __init__(
+        self, cfg, world, grid, impls, baselines, axis_info, intra_bps, link_bps, printer, progress
+    ):
         self.cfg, self.world, self.grid = cfg, world, grid
         self.fourd_impls = impls  # FourdImpl per algorithm, "auto" first
         self.baselines = baselines  # MpiImpl / TorchImpl
@@ -137,7 +140,9 @@ class Runner:
         self._last_impl = None  # (library, algorithm) of the cell measured last
         self.wrong_total = 0
         self.cells = self.total_cells()
-        self.target_s = cfg.target_time if cfg.target_time is not None else target_seconds(self.cells)
+        self.target_s = (
+            cfg.target_time if cfg.target_time is not None else target_seconds(self.cells)
+        )
         Buffers.reserve(max(cfg.sizes))  # every row's arrays come from these (libraries.py)
 
     # ---- notes -------------------------------------------------------------------------------
@@ -150,12 +155,22 @@ class Runner:
 
     # ---- the check ---------------------------------------------------------------------------
     def _fill(self, impl, axis, bufs, inp, res, in_place, op, p):
-        self._oracle.fill(bufs.coll, inp, res, in_place, op, bufs.dtype, p, impl.group_rank(axis),
-                          impl.root_group_rank(axis))
+        self._oracle.fill(
+            bufs.coll,
+            inp,
+            res,
+            in_place,
+            op,
+            bufs.dtype,
+            p,
+            impl.group_rank(axis),
+            impl.root_group_rank(axis),
+        )
 
     def _verify(self, impl, axis, bufs, res, op, p) -> int:
-        return self._oracle.wrong(bufs.coll, res, op, bufs.dtype, p, impl.group_rank(axis),
-                                  bufs.count, bufs.block)
+        return self._oracle.wrong(
+            bufs.coll, res, op, bufs.dtype, p, impl.group_rank(axis), bufs.count, bufs.block
+        )
 
     # ---- one cell ----------------------------------------------------------------------------
     def measure(self, impl, axis, bufs, in_place, op, p):
@@ -175,7 +190,9 @@ class Runner:
             return None, next((r for r in reasons if r), "failed on another rank")
         self._settle(impl, call, flags[1])
         if self.cfg.iters is None:
-            iters = int(min(MAX_ITERS, max(MIN_ITERS, math.ceil(self.target_s / max(flags[1], 1e-9)))))
+            iters = int(
+                min(MAX_ITERS, max(MIN_ITERS, math.ceil(self.target_s / max(flags[1], 1e-9))))
+            )
         else:
             iters = self.cfg.iters
         ts = self._timed(call, iters)
@@ -230,15 +247,17 @@ class Runner:
         in turn; auto is measured once they have settled, as in a training run's later steps.
         How many calls that took is in the row's auto_tuning."""
         nbytes = bufs.count * ITEMSIZE[bufs.dtype]
-        ex = self.grid.explain(bufs.collective, nbytes, axis.name, dtype=bufs.dtype,
-                               in_place=in_place)
+        ex = self.grid.explain(
+            bufs.collective, nbytes, axis.name, dtype=bufs.dtype, in_place=in_place
+        )
         if ex["forced_by_env"] or ex["set_by_plan"]:
             return est
         # The tuning's state alone on each call (Grid.tuning): Grid.explain prices every
         # candidate, too slow to ask between calls.
         for _ in range(TUNING_MAX_CALLS):
-            state = self.grid.tuning(bufs.collective, nbytes, axis.name, bufs.dtype,
-                                     in_place)["state"]
+            state = self.grid.tuning(bufs.collective, nbytes, axis.name, bufs.dtype, in_place)[
+                "state"
+            ]
             if state in ("settled", "single", "off"):
                 break
             t0 = time.perf_counter()
@@ -351,9 +370,13 @@ class Runner:
         for dtype in cfg.dtypes:
             for op in cfg.ops if coll.reduces else ["none"]:
                 if op == "avg" and dtype not in _C.FLOATING_DTYPES:
-                    self.note(("avg-int", dtype), f"avg on {dtype}: fourd averages floating "
-                              f"types only (skipped)")
-                    self.progress.step("", len(cfg.sizes) * 2 * (len(self.fourd_impls) + len(self.baselines)))
+                    self.note(
+                        ("avg-int", dtype),
+                        f"avg on {dtype}: fourd averages floating types only (skipped)",
+                    )
+                    self.progress.step(
+                        "", len(cfg.sizes) * 2 * (len(self.fourd_impls) + len(self.baselines))
+                    )
                     continue
                 for size in cfg.sizes:
                     row = self._run_size(coll, axis, info, dtype, op, size, impls)
@@ -385,8 +408,11 @@ class Runner:
         p = axis.group_size
         count = cell_count(coll.name, size, dtype, p)
         if count == 0:
-            self.note(("small", coll.name, axis.mask, dtype, size),
-                      f"{coll.name} {axis.name} {dtype}: {size} B is less than one element per rank (skipped)")
+            self.note(
+                ("small", coll.name, axis.mask, dtype, size),
+                f"{coll.name} {axis.name} {dtype}: {size} B is less than one element per rank "
+                "(skipped)",
+            )
             self.progress.step("", (len(self.fourd_impls) + len(self.baselines)) * 2)
             return None
         nbytes = count * ITEMSIZE[dtype]
@@ -396,12 +422,27 @@ class Runner:
         explained = self._explain(coll.name, nbytes, axis, dtype)
         cands = {c["algorithm"]: c for c in explained[False].get("candidates", [])}
         row = SizeRow(
-            coll=coll, axis=axis, info=info, dtype=dtype,
-            opname=op if coll.reduces else "none", real_op=op if coll.reduces else "sum",
-            size=size, nbytes=nbytes, count=count,
-            bnd=bounds.bound(coll.name, nbytes, info["bound_nodes"], info["bound_k"],
-                             self.intra_bps, self.link_bps),
-            explained=explained, cands=cands, runnable=self._runnable(cands))
+            coll=coll,
+            axis=axis,
+            info=info,
+            dtype=dtype,
+            opname=op if coll.reduces else "none",
+            real_op=op if coll.reduces else "sum",
+            size=size,
+            nbytes=nbytes,
+            count=count,
+            bnd=bounds.bound(
+                coll.name,
+                nbytes,
+                info["bound_nodes"],
+                info["bound_k"],
+                self.intra_bps,
+                self.link_bps,
+            ),
+            explained=explained,
+            cands=cands,
+            runnable=self._runnable(cands),
+        )
         self._measure_impls(row, impls, bufs)
         self._oracle.clear()
         return row
@@ -411,8 +452,9 @@ class Runner:
         explained = {}
         for in_place in (False, True):
             try:
-                explained[in_place] = self.grid.explain(collective, nbytes, axis.name,
-                                                        dtype=dtype, in_place=in_place)
+                explained[in_place] = self.grid.explain(
+                    collective, nbytes, axis.name, dtype=dtype, in_place=in_place
+                )
             except Exception as e:  # noqa: BLE001 - a collective explain does not cover
                 explained[in_place] = {"candidates": [], "choice": None, "error": str(e)}
         return explained
@@ -421,8 +463,13 @@ class Runner:
         """algorithm -> whether every group of the axis accepts it. What fourd.explain accepts
         can differ between the groups of an axis (uneven nodes); an algorithm runs only where
         every group accepts it (one Allreduce per size)."""
-        ok = np.array([0 if (i.algorithm in cands and not cands[i.algorithm].get("supported", True))
-                       else 1 for i in self.fourd_impls], dtype=np.int32)
+        ok = np.array(
+            [
+                0 if (i.algorithm in cands and not cands[i.algorithm].get("supported", True)) else 1
+                for i in self.fourd_impls
+            ],
+            dtype=np.int32,
+        )
         if ok.size:
             self.world.Allreduce(MPI.IN_PLACE, ok, op=MPI.MIN)
         return {i.algorithm: bool(f) for i, f in zip(self.fourd_impls, ok)}
@@ -440,9 +487,12 @@ class Runner:
         if any(i.library == "fourd" and i.algorithm == "auto" for i in todo):
             self._ask_auto_again(row)
         for impl in todo:
-            cells = {in_place: self._median_round(row, impl, in_place, got)
-                     if isinstance(got, list) else got
-                     for in_place, got in measured[id(impl)].items()}
+            cells = {
+                in_place: self._median_round(row, impl, in_place, got)
+                if isinstance(got, list)
+                else got
+                for in_place, got in measured[id(impl)].items()
+            }
             if any(isinstance(v, dict) for v in cells.values()):
                 row.group.append((impl, cells))
         self._oracle.clear()
@@ -453,16 +503,24 @@ class Runner:
             return True
         if impl.algorithm != "auto" and not row.coll.takes_algorithm:
             if self.cfg.algorithms_requested:
-                self.note(("bcast-alg",), f"{row.coll.name}: fourd.{row.coll.name} takes no "
-                          "algorithm argument, so only auto is measured")
+                self.note(
+                    ("bcast-alg",),
+                    f"{row.coll.name}: fourd.{row.coll.name} takes no "
+                    "algorithm argument, so only auto is measured",
+                )
             return False
         if not row.runnable[impl.algorithm]:
             cand = row.cands.get(impl.algorithm)
             local = cand is not None and not cand.get("supported", True)
-            reason = (cand.get("reason") or "not supported") if local else \
-                "fourd.explain rejects it for another group of this axis"
-            self.note(("alg", impl.algorithm, reason),
-                      f"{impl.algorithm} on {row.axis.name}: {reason} (skipped)")
+            reason = (
+                (cand.get("reason") or "not supported")
+                if local
+                else "fourd.explain rejects it for another group of this axis"
+            )
+            self.note(
+                ("alg", impl.algorithm, reason),
+                f"{impl.algorithm} on {row.axis.name}: {reason} (skipped)",
+            )
             return False
         return True
 
@@ -483,7 +541,9 @@ class Runner:
                     else:
                         cells[in_place] = got
                     if r == rounds - 1:
-                        self.progress.step(f"{row.coll.name} {row.axis.name} {row.size} B {impl.label}")
+                        self.progress.step(
+                            f"{row.coll.name} {row.axis.name} {row.size} B {impl.label}"
+                        )
         return measured
 
     def _ask_auto_again(self, row: SizeRow) -> None:
@@ -495,12 +555,15 @@ class Runner:
         for in_place in (False, True):
             try:
                 row.explained[in_place] = self.grid.explain(
-                    row.coll.name, row.nbytes, row.axis.name, dtype=row.dtype, in_place=in_place)
+                    row.coll.name, row.nbytes, row.axis.name, dtype=row.dtype, in_place=in_place
+                )
             except Exception:  # noqa: BLE001, S110 - as when the row began
                 pass
             mine = (lowest, row.explained[in_place].get("choice"))
-            row.explained[in_place]["group_choices"] = \
-                [c for _, c in sorted(set(self.world.allgather(mine)), key=lambda t: (t[0], str(t[1])))]
+            row.explained[in_place]["group_choices"] = [
+                c
+                for _, c in sorted(set(self.world.allgather(mine)), key=lambda t: (t[0], str(t[1])))
+            ]
 
     def _median_round(self, row: SizeRow, impl, in_place: bool, got: list) -> dict:
         """The row dict of a cell from its rounds' stats: the median round's, with every
@@ -531,9 +594,11 @@ class Runner:
         if impl.library != "fourd" or reason.startswith(_STATIC_ERRORS) or "not built" in reason:
             self._failed[key] = reason
         where = "in-place" if in_place else "out-of-place"
-        self.note(("fail", impl.library, coll, in_place, reason),
-                  f"{impl.library} {coll} {where}: {reason} (n/a; first seen with "
-                  f"{impl.label} on {axis.name}, {dtype} {row.opname}, {row.nbytes} B)")
+        self.note(
+            ("fail", impl.library, coll, in_place, reason),
+            f"{impl.library} {coll} {where}: {reason} (n/a; first seen with "
+            f"{impl.label} on {axis.name}, {dtype} {row.opname}, {row.nbytes} B)",
+        )
         return reason
 
     # ---- the row's results -------------------------------------------------------------------
@@ -547,16 +612,25 @@ class Runner:
             for in_place, rec in cells.items():
                 if isinstance(rec, dict):
                     self._ratios(group, in_place, rec)
-        for impl, cells in group:
+        for _impl, cells in group:
             for in_place in (False, True):
                 rec = cells.get(in_place)
                 if isinstance(rec, dict):
                     self.rows.append(rec)
                     if rec["wrong"]:
                         self.wrong_total += rec["wrong"]
-        self.printer.size_rows(row.coll.name, row.axis, row.dtype, row.opname, row.size,
-                               row.nbytes, row.count, row.bnd, group,
-                               [b.library for b in self.baselines])
+        self.printer.size_rows(
+            row.coll.name,
+            row.axis,
+            row.dtype,
+            row.opname,
+            row.size,
+            row.nbytes,
+            row.count,
+            row.bnd,
+            group,
+            [b.library for b in self.baselines],
+        )
 
     def _ratios(self, group: list, in_place: bool, rec: dict) -> None:
         for b in self.baselines:
@@ -595,7 +669,9 @@ class Runner:
             "bus_factor": bounds.bus_factor(row.coll.name, p),
             "bound_us": bnd["t_min_s"] * 1e6 if bnd else None,
             "bound_sum_us": bnd["t_sum_s"] * 1e6 if bnd else None,
-            "efficiency": (bnd["t_min_s"] * 1e6 / stats["time_us"]) if bnd and stats["time_us"] > 0 else None,
+            "efficiency": (bnd["t_min_s"] * 1e6 / stats["time_us"])
+            if bnd and stats["time_us"] > 0
+            else None,
             "auto_choice": None,
             "auto_tuning": None,
             "auto_choices": None,

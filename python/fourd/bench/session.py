@@ -63,8 +63,16 @@ def start(cfg, world, hosts, argv, start_time, t_start) -> Session | int:
 
     rank = world.Get_rank()
     progress = Progress(0, rank == 0 and not cfg.quiet and (cfg.progress or sys.stderr.isatty()))
-    s = Session(cfg, world, hosts, argv, start_time, t_start, progress,
-                Printer(rank == 0, cfg.quiet, progress))
+    s = Session(
+        cfg,
+        world,
+        hosts,
+        argv,
+        start_time,
+        t_start,
+        progress,
+        Printer(rank == 0, cfg.quiet, progress),
+    )
     try:
         s.grid = fourd.init(**cfg.grid, order=cfg.order, ranks_per_node=cfg.ranks_per_node)
     except fourd.Error as e:  # raised on every rank (fourd.init checks that ranks agree)
@@ -86,7 +94,8 @@ def _import_torch(s: Session) -> None:
     want_torch = "torch" in s.cfg.baselines
     torch_err = None
     if want_torch:
-        # c10d's C++ warnings (e.g. about reverse DNS of peers in network namespaces) are noise here.
+        # c10d's C++ warnings (such as reverse DNS of peers in network namespaces) are noise
+        # here.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         try:
             import torch  # noqa: F401
@@ -95,7 +104,9 @@ def _import_torch(s: Session) -> None:
     s.torch_errs = [e for e in s.world.allgather(torch_err) if e]
     if want_torch and s.torch_errs:
         sys.modules.pop("torch", None)
-        s.notes.append(f"torch baseline: torch is not importable ({s.torch_errs[0]}); no torch rows")
+        s.notes.append(
+            f"torch baseline: torch is not importable ({s.torch_errs[0]}); no torch rows"
+        )
 
 
 def _measure_bandwidths(s: Session) -> None:
@@ -111,14 +122,25 @@ def _bound_model(s: Session, axis, nodes: int, k: int, one_host: bool) -> tuple:
     """(bound nodes, bound k, the header's text, the model's name) of an axis' groups."""
     p = axis.group_size
     if s.link_bps is None and one_host and nodes > 1:
-        return (1, p, f"all on one host, so virtual nodes share memory: c(p-1)/p S/Bi with p={p}",
-                "one host")
+        return (
+            1,
+            p,
+            f"all on one host, so virtual nodes share memory: c(p-1)/p S/Bi with p={p}",
+            "one host",
+        )
     if nodes > 1 and s.link_bps is None:
-        return (nodes, k, f"c(k-1)/k S/Bi with k={k} only (link rate unknown: pass --link-rate)",
-                "intra only")
+        return (
+            nodes,
+            k,
+            f"c(k-1)/k S/Bi with k={k} only (link rate unknown: pass --link-rate)",
+            "intra only",
+        )
     if nodes > 1:
-        text = (f"max(c(N-1)/N S/Be, c(k-1)/k S/Bi) with N={nodes}, k={k}"
-                if k > 1 else f"c(N-1)/N S/Be with N={nodes}")
+        text = (
+            f"max(c(N-1)/N S/Be, c(k-1)/k S/Bi) with N={nodes}, k={k}"
+            if k > 1
+            else f"c(N-1)/N S/Be with N={nodes}"
+        )
         return nodes, k, text, "hierarchical"
     return nodes, k, f"c(k-1)/k S/Bi with k={k}", "one node"
 
@@ -135,16 +157,28 @@ def _axis_topology(s: Session, axis) -> tuple[dict, dict]:
     one_host = len({s.placement[r]["host"] for r in mine}) == 1
     bn, bk, btext, model = _bound_model(s, axis, nodes, k, one_host)
     info = {
-        "nodes": nodes, "k": k, "groups": s.nranks // p,
+        "nodes": nodes,
+        "k": k,
+        "groups": s.nranks // p,
         "description": topo.get("description", f"{nodes} nodes"),
-        "bound_nodes": bn, "bound_k": bk, "bound_text": btext, "bound_model": model,
+        "bound_nodes": bn,
+        "bound_k": bk,
+        "bound_text": btext,
+        "bound_model": model,
     }
     doc = {
-        "mask": axis.mask, "group_size": p, "groups": s.nranks // p, "nodes": nodes,
-        "ranks_per_node": k, "ranks_per_node_list": list(rpn),
-        "uniform": bool(topo.get("uniform", True)), "description": info["description"],
-        "group_ranks": [list(g) for g in all_groups], "bound_model": model,
-        "bound_nodes": bn, "bound_k": bk,
+        "mask": axis.mask,
+        "group_size": p,
+        "groups": s.nranks // p,
+        "nodes": nodes,
+        "ranks_per_node": k,
+        "ranks_per_node_list": list(rpn),
+        "uniform": bool(topo.get("uniform", True)),
+        "description": info["description"],
+        "group_ranks": [list(g) for g in all_groups],
+        "bound_model": model,
+        "bound_nodes": bn,
+        "bound_k": bk,
     }
     return info, doc
 
@@ -171,9 +205,11 @@ def _start_mpi(s: Session) -> None:
     s.baselines.append(m)
     s.cleanup.append(m.free)
     s.base_doc["mpi"] = {
-        "available": True, "library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
+        "available": True,
+        "library": " ".join(MPI.Get_library_version().splitlines()[0].split()),
         "how": f"{' / '.join(c.mpi_name for c in TABLE.values())} through mpi4py on "
-               "MPI_Comm_split of the grid's communicator, same ranks in fourd's group order"}
+        "MPI_Comm_split of the grid's communicator, same ranks in fourd's group order",
+    }
 
 
 def _start_torch(s: Session) -> None:
@@ -200,6 +236,10 @@ def _start_torch(s: Session) -> None:
     s.baselines.append(t)
     s.cleanup.append(t.close)
     s.base_doc["torch"] = {
-        "available": True, "version": t.version, "backend": "gloo", "store": t.master,
+        "available": True,
+        "version": t.version,
+        "backend": "gloo",
+        "store": t.master,
         "how": f"torch.distributed {' / '.join(c.torch_name for c in TABLE.values())} on "
-               "new_group of the same ranks (gloo)"}
+        "new_group of the same ranks (gloo)",
+    }

@@ -51,8 +51,18 @@ def model_params(model) -> list:
 
 
 class Bucket:
-    __slots__ = ("params", "offsets", "mask", "flat", "expected", "arrived", "launched", "work",
-                 "late", "last_pos")
+    __slots__ = (
+        "params",
+        "offsets",
+        "mask",
+        "flat",
+        "expected",
+        "arrived",
+        "launched",
+        "work",
+        "late",
+        "last_pos",
+    )
 
     def __init__(self, mask, dtype, device, params, last_pos):
         self.params = params
@@ -75,8 +85,9 @@ class GradSync:
     """Buckets of a model's parameters and their reduction. `scale` multiplies every gradient
     (1/(Gz*Gdata) when averaging over the batch shards)."""
 
-    def __init__(self, model, grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 average: bool = False):
+    def __init__(
+        self, model, grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES, average: bool = False
+    ):
         self.grid = grid
         self.params = model_params(model)
         self.index = {id(p): i for i, p in enumerate(self.params)}
@@ -145,9 +156,9 @@ class GradSync:
             n = p.numel()
             g = p.grad
             if g is None:
-                flat[off:off + n].zero_()
+                flat[off : off + n].zero_()
             else:
-                flat[off:off + n].copy_(g.reshape(-1))
+                flat[off : off + n].copy_(g.reshape(-1))
         if self.scale != 1.0:
             flat.mul_(self.scale)
         b.work = self.grid.all_reduce(flat, mask_obj(b.mask), async_op=True)
@@ -174,7 +185,7 @@ class GradSync:
         for b in self.buckets:
             flat = b.flat
             for p, off in zip(b.params, b.offsets):
-                src = flat[off:off + p.numel()].view_as(p)
+                src = flat[off : off + p.numel()].view_as(p)
                 if p.grad is None:
                     p.grad = src.clone()
                 else:

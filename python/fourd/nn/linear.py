@@ -128,9 +128,18 @@ class Linear(torch.nn.Module):
     shards; :meth:`full_weight` / :func:`fourd.nn.full_state_dict` gather them back.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 transpose: bool = False, *, grid=None, init_method=None, dtype=None,
-                 device=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        transpose: bool = False,
+        *,
+        grid=None,
+        init_method=None,
+        dtype=None,
+        device=None,
+    ):
         super().__init__()
         g = default_grid(grid)
         self.grid = g
@@ -141,21 +150,25 @@ class Linear(torch.nn.Module):
         self._row_mask = mask_obj(self.row_axis)
         self._col_mask = mask_obj(self.col_axis)
         self._z_mask = mask_obj("z")
-        self._grow, self._gcol, self._gz = (g.size(self.row_axis), g.size(self.col_axis),
-                                            g.size("z"))
-        self._row, self._col, self._zc = (g.rank(self.row_axis), g.rank(self.col_axis),
-                                          g.rank("z"))
+        self._grow, self._gcol, self._gz = (
+            g.size(self.row_axis),
+            g.size(self.col_axis),
+            g.size("z"),
+        )
+        self._row, self._col, self._zc = (g.rank(self.row_axis), g.rank(self.col_axis), g.rank("z"))
         kind = "transposed " if self.transpose else ""
         if self.out_features % self._grow:
             raise InvalidArgumentError(
                 f"out_features: a {kind}fourd.nn.Linear splits it over {self.row_axis} "
                 f"(G{self.row_axis}={self._grow}); expected a multiple of {self._grow}, found "
-                f"{self.out_features}")
+                f"{self.out_features}"
+            )
         if self.in_features % self._gcol:
             raise InvalidArgumentError(
                 f"in_features: a {kind}fourd.nn.Linear splits it over {self.col_axis} "
                 f"(G{self.col_axis}={self._gcol}); expected a multiple of {self._gcol}, found "
-                f"{self.in_features}")
+                f"{self.in_features}"
+            )
         self.local_out = self.out_features // self._grow
         self.local_in = self.in_features // self._gcol
         block = self.local_out * self.local_in
@@ -163,7 +176,8 @@ class Linear(torch.nn.Module):
             raise InvalidArgumentError(
                 f"in_features, out_features: the weight block ({self.local_out} x "
                 f"{self.local_in} = {block} elements) is split over z (Gz={self._gz}); expected "
-                f"a multiple of {self._gz}")
+                f"a multiple of {self._gz}"
+            )
         self.shard_numel = block // self._gz
         #: The enabled fourd.nn.Overlap that drives this layer's collectives (its enable() sets
         #: it, disable() clears it), or None.
@@ -190,13 +204,13 @@ class Linear(torch.nn.Module):
     # ---- layout ---------------------------------------------------------------------------
     def _shard_weight(self, full: torch.Tensor) -> torch.Tensor:
         r0, c0 = self._row * self.local_out, self._col * self.local_in
-        blk = full[r0:r0 + self.local_out, c0:c0 + self.local_in].reshape(-1)
+        blk = full[r0 : r0 + self.local_out, c0 : c0 + self.local_in].reshape(-1)
         s = self.shard_numel
-        return blk[self._zc * s:(self._zc + 1) * s].clone()
+        return blk[self._zc * s : (self._zc + 1) * s].clone()
 
     def _shard_bias(self, full: torch.Tensor) -> torch.Tensor:
         r0 = self._row * self.local_out
-        return full[r0:r0 + self.local_out].clone()
+        return full[r0 : r0 + self.local_out].clone()
 
     @property
     def gathers_weight(self) -> bool:
@@ -257,7 +271,8 @@ class Linear(torch.nn.Module):
                 f"input: a {'transposed ' if self.transpose else ''}fourd.nn.Linear"
                 f"({self.in_features}, {self.out_features}) takes its features split over "
                 f"{self.col_axis}: expected a last dimension of {self.local_in}, found shape "
-                f"{tuple(input.shape)}")
+                f"{tuple(input.shape)}"
+            )
         eng = self.engine
         handle = None
         w = self.weight
@@ -267,8 +282,9 @@ class Linear(torch.nn.Module):
             if handle is not None and eng.reduce_scatter and self._gz > 1 and w.requires_grad:
                 defer = True
                 if self._grad_token is None:
-                    self._grad_token = torch.empty(0, dtype=w.dtype, device=w.device,
-                                                   requires_grad=True)
+                    self._grad_token = torch.empty(
+                        0, dtype=w.dtype, device=w.device, requires_grad=True
+                    )
                 w = self._grad_token
         out = _LinearFn.apply(input, w, self, handle, defer)
         if self.bias is not None:
@@ -276,19 +292,25 @@ class Linear(torch.nn.Module):
         return out
 
     # ---- state dict -----------------------------------------------------------------------
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         kw = prefix + "weight"
         w = state_dict.get(kw)
         if w is not None and tuple(w.shape) == (self.out_features, self.in_features):
             state_dict[kw] = self._shard_weight(w.to(self.weight.dtype))
         kb = prefix + "bias"
         b = state_dict.get(kb)
-        if (b is not None and self.bias is not None and tuple(b.shape) == (self.out_features,)
-                and self.local_out != self.out_features):
+        if (
+            b is not None
+            and self.bias is not None
+            and tuple(b.shape) == (self.out_features,)
+            and self.local_out != self.out_features
+        ):
             state_dict[kb] = self._shard_bias(b.to(self.bias.dtype))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     @torch.no_grad()
     def full_weight(self) -> torch.Tensor:
@@ -303,13 +325,16 @@ class Linear(torch.nn.Module):
             g.all_gather(blocks, block, xy)
         else:
             blocks[0].copy_(block)
-        full = torch.empty(self.out_features, self.in_features, dtype=block.dtype,
-                           device=block.device)
+        full = torch.empty(
+            self.out_features, self.in_features, dtype=block.dtype, device=block.device
+        )
         for i, r in enumerate(g.ranks(xy)):
             c = g.coords(r)
             row, col = c[self.row_axis], c[self.col_axis]
-            full[row * self.local_out:(row + 1) * self.local_out,
-                 col * self.local_in:(col + 1) * self.local_in] = blocks[i]
+            full[
+                row * self.local_out : (row + 1) * self.local_out,
+                col * self.local_in : (col + 1) * self.local_in,
+            ] = blocks[i]
         return full
 
     @torch.no_grad()
@@ -325,9 +350,11 @@ class Linear(torch.nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, transpose={self.transpose}, "
-                f"local=({self.local_out} x {self.local_in}) / Gz={self._gz}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, transpose={self.transpose}, "
+            f"local=({self.local_out} x {self.local_in}) / Gz={self._gz}"
+        )
 
 
 @torch.no_grad()

@@ -48,7 +48,7 @@ from ..parallel_state import default_grid
 from .grad_sync import DEFAULT_BUCKET_BYTES, GradSync, model_params
 from .linear import Linear, deliver_grad
 
-_engines: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Handle:
@@ -61,16 +61,32 @@ class _Handle:
 class Overlap:
     """Per-model overlap settings and the state they need. Make one with :func:`overlap`."""
 
-    def __init__(self, model, *, all_reduce=False, reduce_scatter=False, all_gather=False,
-                 prefetch_depth=1, grad_reduce=False, bucket_bytes=DEFAULT_BUCKET_BYTES,
-                 average=False, optimizer=None, grid=None):
-        if not isinstance(prefetch_depth, int) or isinstance(prefetch_depth, bool) or \
-                prefetch_depth < 1:
+    def __init__(
+        self,
+        model,
+        *,
+        all_reduce=False,
+        reduce_scatter=False,
+        all_gather=False,
+        prefetch_depth=1,
+        grad_reduce=False,
+        bucket_bytes=DEFAULT_BUCKET_BYTES,
+        average=False,
+        optimizer=None,
+        grid=None,
+    ):
+        if (
+            not isinstance(prefetch_depth, int)
+            or isinstance(prefetch_depth, bool)
+            or prefetch_depth < 1
+        ):
             raise InvalidArgumentError(
-                f"prefetch_depth: expected an integer >= 1, found {prefetch_depth!r}")
+                f"prefetch_depth: expected an integer >= 1, found {prefetch_depth!r}"
+            )
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise InvalidArgumentError(
-                f"bucket_bytes: expected a positive integer, found {bucket_bytes!r}")
+                f"bucket_bytes: expected a positive integer, found {bucket_bytes!r}"
+            )
         self.model = model
         self.grid = default_grid(grid)
         self.all_reduce = bool(all_reduce)
@@ -85,7 +101,8 @@ class Overlap:
             if m.grid is not self.grid:
                 raise InvalidArgumentError(
                     "model: its fourd.nn.Linear layers were built on another grid than the one "
-                    "given to overlap()")
+                    "given to overlap()"
+                )
         self.enabled = False
         self._hooks: list = []
         self._opt_hook = None
@@ -322,8 +339,9 @@ class Overlap:
 
     def _learn_buckets(self):
         params = self._sync.params
-        seen = sorted((p for p in params if id(p) in self._first_seen),
-                      key=lambda p: self._first_seen[id(p)])
+        seen = sorted(
+            (p for p in params if id(p) in self._first_seen), key=lambda p: self._first_seen[id(p)]
+        )
         unseen = [p for p in reversed(params) if id(p) not in self._first_seen]
         order = seen + unseen
         counts = {id(p): max(1, self._counts.get(id(p), 0)) for p in params}
@@ -351,8 +369,9 @@ class Overlap:
                     b.expected = sum(max(1, self._counts.get(id(p), 0)) for p in b.params)
         self._sync.complete()
         # OAG: adopt the sequence of this step when there was none or it changed.
-        if self._recording and (self._order is None or self._mismatch
-                                or len(self._recording) != len(self._order)):
+        if self._recording and (
+            self._order is None or self._mismatch or len(self._recording) != len(self._order)
+        ):
             self._order = list(self._recording)
         self._recording = []
         self._pos = 0
@@ -373,20 +392,39 @@ class Overlap:
         return None if self._order is None else list(self._order)
 
 
-def overlap(model, *, all_reduce=False, reduce_scatter=False, all_gather=False, prefetch_depth=1,
-            grad_reduce=False, bucket_bytes=DEFAULT_BUCKET_BYTES, average=False, optimizer=None,
-            grid=None) -> Overlap:
+def overlap(
+    model,
+    *,
+    all_reduce=False,
+    reduce_scatter=False,
+    all_gather=False,
+    prefetch_depth=1,
+    grad_reduce=False,
+    bucket_bytes=DEFAULT_BUCKET_BYTES,
+    average=False,
+    optimizer=None,
+    grid=None,
+) -> Overlap:
     """Overlap settings for `model` (see the module docstring): a context manager, or call
     ``.enable()``. all_reduce = OAR, reduce_scatter = ORS, all_gather = OAG (prefetch_depth
     layers ahead), grad_reduce = data-parallel buckets reduced during backward. average: the
     gradient reduction divides by the number of batch shards (Gz*Gdata). optimizer: its step()
     first completes the step's pending reductions (so they are never skipped)."""
-    return Overlap(model, all_reduce=all_reduce, reduce_scatter=reduce_scatter,
-                   all_gather=all_gather, prefetch_depth=prefetch_depth, grad_reduce=grad_reduce,
-                   bucket_bytes=bucket_bytes, average=average, optimizer=optimizer, grid=grid)
+    return Overlap(
+        model,
+        all_reduce=all_reduce,
+        reduce_scatter=reduce_scatter,
+        all_gather=all_gather,
+        prefetch_depth=prefetch_depth,
+        grad_reduce=grad_reduce,
+        bucket_bytes=bucket_bytes,
+        average=average,
+        optimizer=optimizer,
+        grid=grid,
+    )
 
 
-_plain: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def sync_gradients(model, *, average=None, bucket_bytes=None, grid=None):
@@ -402,11 +440,13 @@ def sync_gradients(model, *, average=None, bucket_bytes=None, grid=None):
         if average is not None and bool(average) != ov.average:
             raise InvalidArgumentError(
                 f"average: the model's overlap() was made with average={ov.average}; found "
-                f"{average}")
+                f"{average}"
+            )
         if bucket_bytes is not None and bucket_bytes != ov.bucket_bytes:
             raise InvalidArgumentError(
                 f"bucket_bytes: the model's overlap() was made with bucket_bytes="
-                f"{ov.bucket_bytes}; found {bucket_bytes}")
+                f"{ov.bucket_bytes}; found {bucket_bytes}"
+            )
         ov.finish()
         return
     avg = bool(average) if average is not None else False

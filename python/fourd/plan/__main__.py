@@ -1,8 +1,8 @@
 """python -m fourd.plan: rank the 4D configurations of a transformer on a machine.
 
-    python -m fourd.plan --model gpt-20b --gpus 1024 --machine perlmutter
-    python -m fourd.plan --layers 32 --hidden 7168 --heads 56 --gpus 512 --machine frontier --json
-    mpiexec -n 8 python -m fourd.plan --calibrate --ranks-per-node 4 --out my-machine.json
+python -m fourd.plan --model gpt-20b --gpus 1024 --machine perlmutter
+python -m fourd.plan --layers 32 --hidden 7168 --heads 56 --gpus 512 --machine frontier --json
+mpiexec -n 8 python -m fourd.plan --calibrate --ranks-per-node 4 --out my-machine.json
 """
 
 from __future__ import annotations
@@ -27,17 +27,27 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fourd.plan",
         description="Rank 4D configurations (Gx, Gy, Gz, Gdata, axis order, algorithm per axis) "
-                    "of a transformer by predicted step time.")
-    p.add_argument("--model", default=None,
-                   help=f"a preset ({', '.join(PRESETS)}), or 'custom' with --layers, --hidden "
-                        "and --heads")
+        "of a transformer by predicted step time.",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"a preset ({', '.join(PRESETS)}), or 'custom' with --layers, --hidden and --heads",
+    )
     p.add_argument("--gpus", type=int, default=None, help="number of GPUs (ranks)")
-    p.add_argument("--machine", default="perlmutter",
-                   help=f"a built-in profile ({', '.join(builtin_names())}) or a profile JSON file")
+    p.add_argument(
+        "--machine",
+        default="perlmutter",
+        help=f"a built-in profile ({', '.join(builtin_names())}) or a profile JSON file",
+    )
     p.add_argument("--top", type=int, default=5, help="how many configurations to print")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--save", default=None, help="write the best plan to this JSON file "
-                   "(load it with fourd.plan.Plan.load and pass it to fourd.init(plan=...))")
+    p.add_argument(
+        "--save",
+        default=None,
+        help="write the best plan to this JSON file "
+        "(load it with fourd.plan.Plan.load and pass it to fourd.init(plan=...))",
+    )
     g = p.add_argument_group("model shape (override a preset, or define a custom model)")
     g.add_argument("--layers", type=int)
     g.add_argument("--hidden", type=int)
@@ -48,15 +58,25 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--micro-batch", type=int, help="sequences per (data, z) shard per pass")
     g.add_argument("--dtype", choices=_training_dtypes())
     g.add_argument("--no-recompute", action="store_true", help="keep all activations")
-    p.add_argument("--algorithm", default=None,
-                   help="force one algorithm on every axis (e.g. flat) instead of choosing")
-    p.add_argument("--overlap-data", action="store_true",
-                   help="hide the data-parallel all-reduce under the last backward pass")
+    p.add_argument(
+        "--algorithm",
+        default=None,
+        help="force one algorithm on every axis (e.g. flat) instead of choosing",
+    )
+    p.add_argument(
+        "--overlap-data",
+        action="store_true",
+        help="hide the data-parallel all-reduce under the last backward pass",
+    )
     c = p.add_argument_group("calibration (run under mpiexec)")
-    c.add_argument("--calibrate", action="store_true",
-                   help="measure this machine's profile with fourd's collectives and save it")
-    c.add_argument("--ranks-per-node", type=int, default=None,
-                   help="ranks per (virtual) node for --calibrate")
+    c.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this machine's profile with fourd's collectives and save it",
+    )
+    c.add_argument(
+        "--ranks-per-node", type=int, default=None, help="ranks per (virtual) node for --calibrate"
+    )
     c.add_argument("--out", default=None, help="where --calibrate writes the profile JSON")
     return p
 
@@ -81,9 +101,14 @@ def _calibrate(args) -> int:
 def _overrides(args) -> dict:
     """The model-shape flags, None where not given (the preset's value stays)."""
     return {
-        "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
-        "seq_len": args.seq_len, "vocab": args.vocab, "global_batch": args.global_batch,
-        "micro_batch": args.micro_batch, "dtype": args.dtype,
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "heads": args.heads,
+        "seq_len": args.seq_len,
+        "vocab": args.vocab,
+        "global_batch": args.global_batch,
+        "micro_batch": args.micro_batch,
+        "dtype": args.dtype,
         "recompute": False if args.no_recompute else None,
     }
 
@@ -97,9 +122,11 @@ def _model(args, overrides: dict):
         return args.model
     missing = [k for k in ("layers", "hidden", "heads") if overrides[k] is None]
     if missing:
-        print(f"python -m fourd.plan: give --model (one of {', '.join(PRESETS)}) or "
-              f"--layers, --hidden and --heads (missing: {', '.join(missing)})",
-              file=sys.stderr)
+        print(
+            f"python -m fourd.plan: give --model (one of {', '.join(PRESETS)}) or "
+            f"--layers, --hidden and --heads (missing: {', '.join(missing)})",
+            file=sys.stderr,
+        )
         return None
     return TransformerSpec("custom", layers=args.layers, hidden=args.hidden, heads=args.heads)
 
@@ -119,8 +146,15 @@ def main(argv=None) -> int:
     if model is None:
         return 2
     try:
-        result = search(model, args.gpus, args.machine, top_k=args.top,
-                        policy=args.algorithm, overlap_data=args.overlap_data, **overrides)
+        result = search(
+            model,
+            args.gpus,
+            args.machine,
+            top_k=args.top,
+            policy=args.algorithm,
+            overlap_data=args.overlap_data,
+            **overrides,
+        )
     except ValueError as e:
         print(f"python -m fourd.plan: {e}", file=sys.stderr)
         return 2

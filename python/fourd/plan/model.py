@@ -56,14 +56,15 @@ def native_module():
 
 
 def parse_order(order) -> tuple:
-    """"x-y-z-data" (innermost first), or a sequence of the axis names -> ("x", "y", "z",
+    """ "x-y-z-data" (innermost first), or a sequence of the axis names -> ("x", "y", "z",
     "data"), as fourd._C.parse_order reads it."""
     text = order if isinstance(order, str) else "-".join(str(a) for a in order)
     try:
         canonical = _C.parse_order(text)
     except ValueError:
-        raise ValueError(f"order: expected a permutation of x, y, z, data such as "
-                         f"'x-y-z-data'; found {order!r}") from None
+        raise ValueError(
+            f"order: expected a permutation of x, y, z, data such as 'x-y-z-data'; found {order!r}"
+        ) from None
     return tuple(canonical.split("-"))
 
 
@@ -107,12 +108,12 @@ def placement(size: int, stride: int, world: int, ranks_per_node: int) -> Placem
     # grid whose x spans the stride.
     grid = _C.ProcessGrid([stride, size, world // (size * stride), 1])
     topo = _C.Topology.from_ranks_per_node(world, max(1, ranks_per_node))
-    shapes = [topo.group(grid.group_ranks(r, "y")) for r in range(world)
-              if grid.group_rank(r, "y") == 0]
+    shapes = [
+        topo.group(grid.group_ranks(r, "y")) for r in range(world) if grid.group_rank(r, "y") == 0
+    ]
     worst = max(s["num_nodes"] for s in shapes)
     uniform = all(s["uniform"] for s in shapes if s["num_nodes"] == worst)
-    return Placement(size=size, nodes=worst, ranks_per_node=max(1, size // worst),
-                     uniform=uniform)
+    return Placement(size=size, nodes=worst, ranks_per_node=max(1, size // worst), uniform=uniform)
 
 
 def closed_form_ranks_per_node(size: int, stride: int, ranks_per_node: int) -> int:
@@ -125,8 +126,7 @@ def closed_form_ranks_per_node(size: int, stride: int, ranks_per_node: int) -> i
 def grid_placements(sizes: dict, order, ranks_per_node: int) -> dict:
     """Axis -> Placement of its groups, for a grid of `sizes` laid out in `order`."""
     grid = process_grid(sizes, order)
-    return {a: placement(sizes[a], grid.stride(a), grid.world_size, ranks_per_node)
-            for a in AXES}
+    return {a: placement(sizes[a], grid.stride(a), grid.world_size, ranks_per_node) for a in AXES}
 
 
 # ---- the model being trained -------------------------------------------------------------
@@ -152,8 +152,12 @@ class TransformerSpec:
     def linears(self) -> list:
         """(name, k_in, n_out, transposed) of one transformer layer."""
         h, f = self.hidden, self.ffn_mult * self.hidden
-        return [("qkv", h, 3 * h, False), ("proj", h, h, True), ("fc1", h, f, False),
-                ("fc2", f, h, True)]
+        return [
+            ("qkv", h, 3 * h, False),
+            ("proj", h, h, True),
+            ("fc1", h, f, False),
+            ("fc2", f, h, True),
+        ]
 
     def head(self) -> tuple:
         """The LM head (tied with the embedding) as one plain Linear h -> vocab."""
@@ -172,7 +176,7 @@ class TransformerSpec:
     def params(self) -> int:
         return self.tp_params() + self.replicated_params()
 
-    def with_(self, **changes) -> "TransformerSpec":
+    def with_(self, **changes) -> TransformerSpec:
         return replace(self, **changes)
 
 
@@ -193,8 +197,10 @@ def get_model(name_or_spec, **overrides) -> TransformerSpec:
     elif isinstance(name_or_spec, str) and name_or_spec.lower() in PRESETS:
         spec = PRESETS[name_or_spec.lower()]
     else:
-        raise ValueError(f"model: expected one of {', '.join(PRESETS)} or a TransformerSpec; "
-                         f"found {name_or_spec!r}")
+        raise ValueError(
+            f"model: expected one of {', '.join(PRESETS)} or a TransformerSpec; "
+            f"found {name_or_spec!r}"
+        )
     overrides = {k: v for k, v in overrides.items() if v is not None}
     return spec.with_(**overrides) if overrides else spec
 
@@ -256,8 +262,10 @@ def messages(spec: TransformerSpec, g: Grid4D) -> list:
     formulas of the module docstring). Axes of size 1 carry nothing."""
     split = batch_split(spec, g)
     if split is None:
-        raise ValueError(f"global_batch {spec.global_batch} does not split over "
-                         f"Gdata*Gz = {g.data * g.z} shards (micro-batch {spec.micro_batch})")
+        raise ValueError(
+            f"global_batch {spec.global_batch} does not split over "
+            f"Gdata*Gz = {g.data * g.z} shards (micro-batch {spec.micro_batch})"
+        )
     mb, acc = split
     t = mb * spec.seq_len  # tokens per rank per micro-batch
     fwd_runs = 2 if spec.recompute else 1
@@ -271,18 +279,33 @@ def messages(spec: TransformerSpec, g: Grid4D) -> list:
         shard = -(-block // g.z)
         dt, gdt = spec.dtype, spec.grad_dtype
         if g.size(fx) > 1:
-            out.append(Message(fx, "all_reduce", fwd_elems, dt, reps * acc * fwd_runs, "fwd_ar",
-                               name, "none"))
+            out.append(
+                Message(
+                    fx, "all_reduce", fwd_elems, dt, reps * acc * fwd_runs, "fwd_ar", name, "none"
+                )
+            )
         if g.size(bx) > 1:
             out.append(Message(bx, "all_reduce", bwd_elems, dt, reps * acc, "bwd_ar", name, "dW"))
         if g.z > 1:
-            out.append(Message("z", "all_gather", block, dt, reps * acc, "fwd_ag", name,
-                               "fwd_compute"))
+            out.append(
+                Message("z", "all_gather", block, dt, reps * acc, "fwd_ag", name, "fwd_compute")
+            )
             # the backward all-gather, and the recomputed forward's one (also in backward)
-            out.append(Message("z", "all_gather", block, dt, reps * acc * fwd_runs, "bwd_ag",
-                               name, "bwd_compute"))
-            out.append(Message("z", "reduce_scatter", block, dt, reps * acc, "rs", name,
-                               "bwd_compute"))
+            out.append(
+                Message(
+                    "z",
+                    "all_gather",
+                    block,
+                    dt,
+                    reps * acc * fwd_runs,
+                    "bwd_ag",
+                    name,
+                    "bwd_compute",
+                )
+            )
+            out.append(
+                Message("z", "reduce_scatter", block, dt, reps * acc, "rs", name, "bwd_compute")
+            )
         if g.data > 1:
             out.append(Message("data", "all_reduce", shard, gdt, reps, "data_ar", name, "none"))
     return out
@@ -321,7 +344,7 @@ def memory(spec: TransformerSpec, g: Grid4D) -> dict:
     #   x-split: LN1 in/out, LN2 in/out (2 B) and two dropout masks (1 B): 10 t h / Gx bytes
     #   y-split: Q, K, V, attention out, fc1 out, GeLU out: 2 * 12 t h / Gy bytes
     #   softmax statistics: 4 B per (sequence, head, position), heads split over y.
-    layer_full = (10 * t * h / g.x + 24 * t * h / g.y + 4 * mb * (a / g.y) * s)
+    layer_full = 10 * t * h / g.x + 24 * t * h / g.y + 4 * mb * (a / g.y) * s
     logits = 6 * t * spec.vocab / g.y  # bf16 logits and their fp32 softmax
     if spec.recompute:
         checkpoints = spec.layers * 2 * t * h / g.x  # each layer's input
@@ -329,8 +352,14 @@ def memory(spec: TransformerSpec, g: Grid4D) -> dict:
     else:
         activations = spec.layers * layer_full + layer_full + logits
     total = weights + grads + optimizer + transient + activations
-    return {"weights": weights, "gradients": grads, "optimizer": optimizer,
-            "transient": transient, "activations": activations, "total": total}
+    return {
+        "weights": weights,
+        "gradients": grads,
+        "optimizer": optimizer,
+        "transient": transient,
+        "activations": activations,
+        "total": total,
+    }
 
 
 def fits(mem: dict, profile) -> bool:
@@ -354,14 +383,14 @@ class CollectiveModel:
         key = (collective, nbytes, dtype, pl)
         hit = self._cache.get(key)
         if hit is None:
-            preds = _C.candidates(collective, int(nbytes), dtype, pl.native(),
-                                  self._native_profile)
+            preds = _C.candidates(collective, int(nbytes), dtype, pl.native(), self._native_profile)
             hit = {p.algorithm: p.seconds for p in preds}
             self._cache[key] = hit
         return hit
 
-    def predict(self, collective: str, algorithm: str, nbytes: int, dtype: str,
-                pl: Placement) -> float:
+    def predict(
+        self, collective: str, algorithm: str, nbytes: int, dtype: str, pl: Placement
+    ) -> float:
         if algorithm == "auto":
             return min(self.times(collective, nbytes, dtype, pl).values())
         return self.times(collective, nbytes, dtype, pl)[algorithm]
@@ -427,8 +456,8 @@ class StepCompute:
         """Compute seconds per optimizer step."""
         rec = self.recompute
         return self.accumulation * sum(
-            self.reps[k] * (self.forward[k] * (1 + rec) + self.backward[k])
-            for k in self.forward)
+            self.reps[k] * (self.forward[k] * (1 + rec) + self.backward[k]) for k in self.forward
+        )
 
 
 def step_compute(spec: TransformerSpec, g: Grid4D, rate: float) -> StepCompute:
@@ -438,12 +467,19 @@ def step_compute(spec: TransformerSpec, g: Grid4D, rate: float) -> StepCompute:
     fl = compute_flops(spec, g)
     fwd = {"layer": (fl["layer_gemm"] + fl["layer_attention"]) / rate, "head": fl["head"] / rate}
     t_tok = mb * spec.seq_len
-    dw = {name: 2 * t_tok * k * n / (g.x * g.y) / rate
-          for name, k, n, _ in spec.linears() + [spec.head()]}
-    return StepCompute(forward=fwd, backward={k: 2 * v for k, v in fwd.items()},
-                       reps={"layer": spec.layers, "head": 1},
-                       recompute=1 if spec.recompute else 0, dw=dw, micro_batch=mb,
-                       accumulation=acc)
+    dw = {
+        name: 2 * t_tok * k * n / (g.x * g.y) / rate
+        for name, k, n, _ in spec.linears() + [spec.head()]
+    }
+    return StepCompute(
+        forward=fwd,
+        backward={k: 2 * v for k, v in fwd.items()},
+        reps={"layer": spec.layers, "head": 1},
+        recompute=1 if spec.recompute else 0,
+        dw=dw,
+        micro_batch=mb,
+        accumulation=acc,
+    )
 
 
 @dataclass
@@ -460,10 +496,13 @@ class _Tally:
 
     @classmethod
     def zero(cls, groups) -> _Tally:
-        return cls(comm={a: 0.0 for a in AXES},
-                   fwd_ar={k: {a: 0.0 for a in AXES} for k in groups},
-                   bwd_ar={k: {a: 0.0 for a in AXES} for k in groups},
-                   fwd_ag={k: 0.0 for k in groups}, bwd_z={k: 0.0 for k in groups})
+        return cls(
+            comm={a: 0.0 for a in AXES},
+            fwd_ar={k: {a: 0.0 for a in AXES} for k in groups},
+            bwd_ar={k: {a: 0.0 for a in AXES} for k in groups},
+            fwd_ag={k: 0.0 for k in groups},
+            bwd_z={k: 0.0 for k in groups},
+        )
 
 
 def _tally(msgs, times, algos: dict, comp: StepCompute) -> _Tally:
@@ -502,8 +541,9 @@ def _exposed_schedule(t: _Tally, comp: StepCompute, overlap_data: bool) -> tuple
         c_b_total = c_b[k] + rec * c_f[k]
         exp_z_b = max(0.0, t.bwd_z[k] - c_b_total)
         far = sum(t.fwd_ar[k].values())
-        micro += reps[k] * (c_f[k] + far + exp_ag_f + c_b_total + rec * far
-                            + sum(t.bwd_ar[k].values()) + exp_z_b)
+        micro += reps[k] * (
+            c_f[k] + far + exp_ag_f + c_b_total + rec * far + sum(t.bwd_ar[k].values()) + exp_z_b
+        )
         for a in AXES:
             exposed[a] += acc * reps[k] * ((1 + rec) * t.fwd_ar[k][a] + t.bwd_ar[k][a])
         exposed["z"] += acc * reps[k] * (exp_ag_f + exp_z_b)
@@ -513,8 +553,17 @@ def _exposed_schedule(t: _Tally, comp: StepCompute, overlap_data: bool) -> tuple
     return acc * micro + data_exposed, exposed
 
 
-def evaluate(spec: TransformerSpec, g: Grid4D, order, profile, cm: CollectiveModel,
-             policy=None, overlap_data=False, msgs=None, baseline=None):
+def evaluate(
+    spec: TransformerSpec,
+    g: Grid4D,
+    order,
+    profile,
+    cm: CollectiveModel,
+    policy=None,
+    overlap_data=False,
+    msgs=None,
+    baseline=None,
+):
     """Predicted step time of one configuration.
 
     Schedule (per micro-batch, per layer; docs/planner.md "Overlap"): forward all-reduces are
@@ -543,11 +592,23 @@ def evaluate(spec: TransformerSpec, g: Grid4D, order, profile, cm: CollectiveMod
     def schedule(algos: dict) -> Evaluation:
         tally = _tally(msgs, times, algos, comp)
         step, exposed = _exposed_schedule(tally, comp, overlap_data)
-        return Evaluation(grid=g, order=order_s, algorithms=algos, step_time=step,
-                          compute_time=comp.total, comm_time=tally.comm,
-                          exposed_time=exposed, memory=mem, fits=ok, placements=pls,
-                          detail={"micro_batch": comp.micro_batch,
-                                  "accumulation": comp.accumulation, "messages": len(msgs)})
+        return Evaluation(
+            grid=g,
+            order=order_s,
+            algorithms=algos,
+            step_time=step,
+            compute_time=comp.total,
+            comm_time=tally.comm,
+            exposed_time=exposed,
+            memory=mem,
+            fits=ok,
+            placements=pls,
+            detail={
+                "micro_batch": comp.micro_batch,
+                "accumulation": comp.accumulation,
+                "messages": len(msgs),
+            },
+        )
 
     ev = schedule(_choose_axis_algorithms(by_axis, policy))
     if baseline is None:

@@ -43,11 +43,11 @@ def _perlmutter() -> Profile:
             "ranks_per_node": "4x A100 per GPU node (NERSC Perlmutter architecture)",
             "nics_per_node": "4x HPE Slingshot 11 NICs per GPU node (NERSC)",
             "nic_bw": "200 Gb/s = 25 GB/s per Slingshot-11 NIC x 0.8 achievable "
-                      "(AxoNN measured ~20 GB/s per GPU)",
+            "(AxoNN measured ~20 GB/s per GPU)",
             "intra_bw": "NVLink 3: 600 GB/s bidirectional = 300 GB/s per direction x 0.8 "
-                        "(AxoNN measured 225 GB/s busbw for 4 GPUs, 76 for 2)",
+            "(AxoNN measured 225 GB/s busbw for 4 GPUs, 76 for 2)",
             "intra_mesh": "the four A100s are linked to each other directly (NERSC node "
-                          "diagram), no NVSwitch",
+            "diagram), no NVSwitch",
             "compute_flops": "A100 dense BF16 312 TFLOP/s (NVIDIA A100 datasheet) x 0.7 assumed",
             "memory_bytes": "A100 40 GB HBM2 (1536 of the 1792 GPU nodes)",
             "reduce_bw": "A100 HBM2 1555 GB/s (the reduction is fused into NCCL's copy)",
@@ -80,12 +80,12 @@ def _frontier() -> Profile:
         intra_mesh=False,
         notes={
             "ranks_per_node": "8 GCDs per node: 4x MI250X with 2 GCDs each (OLCF Frontier "
-                              "User Guide)",
+            "User Guide)",
             "memory_bytes": "64 GB HBM2E per GCD (OLCF)",
             "nics_per_node": "4x Slingshot-11 NICs, 25 GB/s each, 100 GB/s per node (OLCF)",
             "nic_bw": "25 GB/s x 0.85 assumed achievable",
             "intra_bw": "Infinity Fabric 50-200 GB/s per GCD pair (OLCF); 135 GB/s = AxoNN's "
-                        "measured 8-GCD busbw",
+            "measured 8-GCD busbw",
             "flat_efficiency": "RCCL across nodes: fit to AxoNN's measured 34.0, 20.6, 10.2 GB/s",
             "compute_flops": "MI250X 383 TFLOP/s dense BF16 (AMD) / 2 GCDs x 0.5 assumed",
             "reduce_bw": "1.6 TB/s HBM2E per GCD (the reduction is fused into RCCL's copy)",
@@ -120,11 +120,11 @@ def _dgx_h100() -> Profile:
         notes={
             "ranks_per_node": "8x H100 SXM5 per DGX H100 (NVIDIA DGX H100 user guide)",
             "intra_bw": "NVLink 4 via NVSwitch: 900 GB/s bidirectional = 450 GB/s per "
-                        "direction x 0.8 assumed",
+            "direction x 0.8 assumed",
             "nics_per_node": "8x ConnectX-7 400 Gb/s for the compute fabric (NVIDIA DGX H100)",
             "nic_bw": "400 Gb/s = 50 GB/s x 0.9 assumed",
             "compute_flops": "H100 SXM dense BF16 989 TFLOP/s (NVIDIA H100 datasheet) x 0.6 "
-                             "assumed",
+            "assumed",
             "memory_bytes": "80 GB HBM3 per GPU",
             "reduce_bw": "H100 SXM HBM3 3.35 TB/s (the reduction is fused into NCCL's copy)",
             "shm_bw": "PCIe 5.0 x16 (64 GB/s) x 0.8",
@@ -181,4 +181,5 @@ def get_profile(machine) -> Profile:
         return load_profile(machine)
     raise ValueError(
         f"machine: expected one of {', '.join(builtin_names())} or a profile JSON file; "
-        f"found {machine!r}")
+        f"found {machine!r}"
+    )

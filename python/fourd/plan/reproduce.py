@@ -26,11 +26,24 @@ from .search import search
 # AxoNN's coded Perlmutter bus bandwidths (GB/s) by (stride, size): Megatron-AxoNN,
 # branch gordon-bell-perlmutter, examples/comm_model.py.
 AXONN_PERLMUTTER = {
-    (1, 2): 76, (2, 2): 76, (1, 4): 225,
-    (1, 8): 80, (1, 16): 80, (1, 32): 80, (1, 64): 80,
-    (2, 4): 40, (2, 8): 40, (2, 16): 40, (2, 32): 40,
-    (4, 2): 20, (4, 4): 20, (4, 8): 20, (4, 16): 20,
-    (8, 2): 20, (8, 4): 20, (8, 8): 20,
+    (1, 2): 76,
+    (2, 2): 76,
+    (1, 4): 225,
+    (1, 8): 80,
+    (1, 16): 80,
+    (1, 32): 80,
+    (1, 64): 80,
+    (2, 4): 40,
+    (2, 8): 40,
+    (2, 16): 40,
+    (2, 32): 40,
+    (4, 2): 20,
+    (4, 4): 20,
+    (4, 8): 20,
+    (4, 16): 20,
+    (8, 2): 20,
+    (8, 4): 20,
+    (8, 8): 20,
 }
 
 
@@ -50,18 +63,29 @@ def axonn_table() -> tuple:
         t = _C.predict("all_reduce", "flat", n, "float16", pl.native(), nprof)
         best = _C.choose("all_reduce", n, "float16", pl.native(), nprof)
         tb = _C.predict("all_reduce", best, n, "float16", pl.native(), nprof)
-        rows.append({"stride": stride, "size": size, "nodes": pl.nodes,
-                     "ranks_per_node": pl.ranks_per_node, "axonn_gbps": axonn,
-                     "flat_gbps": _busbw_ar(t, n, size), "best": best,
-                     "best_gbps": _busbw_ar(tb, n, size)})
-    lines = ["| stride | size | placement (nodes x k) | AxoNN table GB/s | model, flat GB/s | "
-             "model/AxoNN | fourd's choice | its busbw GB/s |",
-             "|---:|---:|---|---:|---:|---:|---|---:|"]
+        rows.append(
+            {
+                "stride": stride,
+                "size": size,
+                "nodes": pl.nodes,
+                "ranks_per_node": pl.ranks_per_node,
+                "axonn_gbps": axonn,
+                "flat_gbps": _busbw_ar(t, n, size),
+                "best": best,
+                "best_gbps": _busbw_ar(tb, n, size),
+            }
+        )
+    lines = [
+        "| stride | size | placement (nodes x k) | AxoNN table GB/s | model, flat GB/s | "
+        "model/AxoNN | fourd's choice | its busbw GB/s |",
+        "|---:|---:|---|---:|---:|---:|---|---:|",
+    ]
     for r in rows:
         lines.append(
             f"| {r['stride']} | {r['size']} | {r['nodes']} x {r['ranks_per_node']} | "
             f"{r['axonn_gbps']} | {r['flat_gbps']:.0f} | {r['flat_gbps'] / r['axonn_gbps']:.2f} | "
-            f"{r['best']} | {r['best_gbps']:.0f} |")
+            f"{r['best']} | {r['best_gbps']:.0f} |"
+        )
     return "\n".join(lines) + "\n", rows
 
 
@@ -83,19 +107,36 @@ def pccl_table(machine: str) -> tuple:
                 flat = _C.predict(coll, "flat", n, "bfloat16", shape, nprof)
                 ring = _C.predict(coll, "ring", n, "bfloat16", shape, nprof)
                 hier = _C.predict(coll, "hierarchical", n, "bfloat16", shape, nprof)
-                rows.append({"machine": machine, "collective": coll, "bytes": n,
-                             "nodes": nodes, "gpus": nodes * r, "flat_ms": flat * 1e3,
-                             "ring_ms": ring * 1e3, "hierarchical_ms": hier * 1e3,
-                             "speedup_vs_flat": flat / hier, "speedup_vs_ring": ring / hier})
+                rows.append(
+                    {
+                        "machine": machine,
+                        "collective": coll,
+                        "bytes": n,
+                        "nodes": nodes,
+                        "gpus": nodes * r,
+                        "flat_ms": flat * 1e3,
+                        "ring_ms": ring * 1e3,
+                        "hierarchical_ms": hier * 1e3,
+                        "speedup_vs_flat": flat / hier,
+                        "speedup_vs_ring": ring / hier,
+                    }
+                )
     hdr = "| collective | size | " + " | ".join(f"{n} nodes" for n in PCCL_NODES) + " |"
-    lines = [f"Speedup of hierarchical over the library's flat ring on {machine} "
-             f"({r} GPUs per node), predicted:", "", hdr,
-             "|---|---|" + "---:|" * len(PCCL_NODES)]
+    lines = [
+        f"Speedup of hierarchical over the library's flat ring on {machine} "
+        f"({r} GPUs per node), predicted:",
+        "",
+        hdr,
+        "|---|---|" + "---:|" * len(PCCL_NODES),
+    ]
     for coll in ("all_gather", "reduce_scatter"):
         for n in PCCL_SIZES:
             sel = [x for x in rows if x["collective"] == coll and x["bytes"] == n]
-            lines.append(f"| {coll} | {n >> 20} MiB | "
-                         + " | ".join(f"{x['speedup_vs_flat']:.1f}x" for x in sel) + " |")
+            lines.append(
+                f"| {coll} | {n >> 20} MiB | "
+                + " | ".join(f"{x['speedup_vs_flat']:.1f}x" for x in sel)
+                + " |"
+            )
     return "\n".join(lines) + "\n", rows
 
 
@@ -110,10 +151,19 @@ def pccl_plot(rows: list, path: str) -> None:
     for ax, m in zip(axes[0], machines):
         for coll, style in (("all_gather", "-"), ("reduce_scatter", "--")):
             for n in PCCL_SIZES:
-                sel = [x for x in rows if x["machine"] == m and x["collective"] == coll
-                       and x["bytes"] == n]
-                ax.plot([x["nodes"] for x in sel], [x["speedup_vs_flat"] for x in sel], style,
-                        marker="o", ms=3, label=f"{coll} {n >> 20} MiB")
+                sel = [
+                    x
+                    for x in rows
+                    if x["machine"] == m and x["collective"] == coll and x["bytes"] == n
+                ]
+                ax.plot(
+                    [x["nodes"] for x in sel],
+                    [x["speedup_vs_flat"] for x in sel],
+                    style,
+                    marker="o",
+                    ms=3,
+                    label=f"{coll} {n >> 20} MiB",
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("nodes")
@@ -139,30 +189,44 @@ def scaling(machine: str, models=("gpt-20b", "gpt-80b"), gpus=SCALING_GPUS) -> l
                 rows.append({"machine": machine, "model": model, "gpus": g, "fits": False})
                 continue
             b, f = best.plans[0], flat.plans[0]
-            rows.append({"machine": machine, "model": model, "gpus": g, "fits": True,
-                         "fourd_s": b.step_time, "flat_s": f.step_time,
-                         "speedup": f.step_time / b.step_time,
-                         "fourd_plan": b.label(), "fourd_algorithms": b.algorithms,
-                         "flat_plan": f.label(),
-                         "fourd_exposed_s": b.exposed_total, "flat_exposed_s": f.exposed_total,
-                         "compute_s": b.compute_time})
+            rows.append(
+                {
+                    "machine": machine,
+                    "model": model,
+                    "gpus": g,
+                    "fits": True,
+                    "fourd_s": b.step_time,
+                    "flat_s": f.step_time,
+                    "speedup": f.step_time / b.step_time,
+                    "fourd_plan": b.label(),
+                    "fourd_algorithms": b.algorithms,
+                    "flat_plan": f.label(),
+                    "fourd_exposed_s": b.exposed_total,
+                    "flat_exposed_s": f.exposed_total,
+                    "compute_s": b.compute_time,
+                }
+            )
     return rows
 
 
 def scaling_markdown(rows: list) -> str:
-    lines = ["| machine | model | GPUs | fourd step (s) | flat step (s) | speedup | "
-             "fourd plan | algorithms x/y/z/data | flat plan |",
-             "|---|---|---:|---:|---:|---:|---|---|---|"]
+    lines = [
+        "| machine | model | GPUs | fourd step (s) | flat step (s) | speedup | "
+        "fourd plan | algorithms x/y/z/data | flat plan |",
+        "|---|---|---:|---:|---:|---:|---|---|---|",
+    ]
     for r in rows:
         if not r["fits"]:
-            lines.append(f"| {r['machine']} | {r['model']} | {r['gpus']} | does not fit "
-                         "| | | | | |")
+            lines.append(
+                f"| {r['machine']} | {r['model']} | {r['gpus']} | does not fit | | | | | |"
+            )
             continue
         algos = "/".join(r["fourd_algorithms"][a] for a in AXES)
         lines.append(
             f"| {r['machine']} | {r['model']} | {r['gpus']} | {r['fourd_s']:.2f} | "
             f"{r['flat_s']:.2f} | {r['speedup']:.2f}x | {r['fourd_plan']} | {algos} | "
-            f"{r['flat_plan']} |")
+            f"{r['flat_plan']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -181,10 +245,15 @@ def scaling_plot(rows: list, path: str) -> None:
                 continue
             xs = [r["gpus"] for r in sel]
             # time per step x GPUs: flat lines mean perfect strong scaling
-            line = ax.plot(xs, [r["fourd_s"] for r in sel], "-o", ms=3,
-                           label=f"{model} fourd")[0]
-            ax.plot(xs, [r["flat_s"] for r in sel], "--s", ms=3, color=line.get_color(),
-                    label=f"{model} flat")
+            line = ax.plot(xs, [r["fourd_s"] for r in sel], "-o", ms=3, label=f"{model} fourd")[0]
+            ax.plot(
+                xs,
+                [r["flat_s"] for r in sel],
+                "--s",
+                ms=3,
+                color=line.get_color(),
+                label=f"{model} flat",
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("GPUs")
@@ -197,11 +266,18 @@ def scaling_plot(rows: list, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fourd.plan.reproduce", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m fourd.plan.reproduce",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", default="docs/planner")
-    ap.add_argument("--only", nargs="*", choices=["axonn", "pccl", "scaling"],
-                    default=["axonn", "pccl", "scaling"])
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        choices=["axonn", "pccl", "scaling"],
+        default=["axonn", "pccl", "scaling"],
+    )
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     cmd = "python -m fourd.plan.reproduce --out " + args.out

@@ -67,7 +67,7 @@ class Plan:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> Plan:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def save(self, path: str) -> None:
@@ -76,7 +76,7 @@ class Plan:
             f.write("\n")
 
     @classmethod
-    def load(cls, path: str) -> "Plan":
+    def load(cls, path: str) -> Plan:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
         if isinstance(d, dict) and "plans" in d:
@@ -118,19 +118,40 @@ class SearchResult:
 def _plan_of(ev: Evaluation, base: Evaluation, spec, profile, gpus: int) -> Plan:
     g = ev.grid
     return Plan(
-        x=g.x, y=g.y, z=g.z, data=g.data, order=ev.order, algorithms=dict(ev.algorithms),
-        step_time=ev.step_time, compute_time=ev.compute_time, comm_time=dict(ev.comm_time),
-        exposed_time=dict(ev.exposed_time), memory=dict(ev.memory),
-        baseline_step_time=base.step_time, baseline_exposed_time=dict(base.exposed_time),
-        model=spec.name, machine=profile.name, gpus=gpus,
-        micro_batch=ev.detail["micro_batch"], accumulation=ev.detail["accumulation"],
-        placements={a: [p.size, p.nodes, p.ranks_per_node, p.uniform]
-                    for a, p in ev.placements.items()},
+        x=g.x,
+        y=g.y,
+        z=g.z,
+        data=g.data,
+        order=ev.order,
+        algorithms=dict(ev.algorithms),
+        step_time=ev.step_time,
+        compute_time=ev.compute_time,
+        comm_time=dict(ev.comm_time),
+        exposed_time=dict(ev.exposed_time),
+        memory=dict(ev.memory),
+        baseline_step_time=base.step_time,
+        baseline_exposed_time=dict(base.exposed_time),
+        model=spec.name,
+        machine=profile.name,
+        gpus=gpus,
+        micro_batch=ev.detail["micro_batch"],
+        accumulation=ev.detail["accumulation"],
+        placements={
+            a: [p.size, p.nodes, p.ranks_per_node, p.uniform] for a, p in ev.placements.items()
+        },
     )
 
 
-def search(model, gpus: int, machine, top_k: int = 5, *, overlap_data: bool = False,
-           policy=None, **model_overrides) -> SearchResult:
+def search(
+    model,
+    gpus: int,
+    machine,
+    top_k: int = 5,
+    *,
+    overlap_data: bool = False,
+    policy=None,
+    **model_overrides,
+) -> SearchResult:
     """Ranks the configurations of `model` (a preset name or TransformerSpec) on `gpus` GPUs
     of `machine` (a profile name, JSON path or Profile). `policy` forces one algorithm on
     every axis (e.g. "flat" for the library baseline); by default each axis gets its best."""
@@ -144,8 +165,12 @@ def search(model, gpus: int, machine, top_k: int = 5, *, overlap_data: bool = Fa
     results = []
     best_flat = None
     for g in divisor_grids(gpus):
-        if (spec.hidden % g.x or spec.hidden % g.y or spec.heads % g.y
-                or batch_split(spec, g) is None):
+        if (
+            spec.hidden % g.x
+            or spec.hidden % g.y
+            or spec.heads % g.y
+            or batch_split(spec, g) is None
+        ):
             excluded_split += 1
             continue
         if not fits(memory(spec, g), profile):  # memory does not depend on the order
@@ -161,8 +186,17 @@ def search(model, gpus: int, machine, top_k: int = 5, *, overlap_data: bool = Fa
                 continue
             seen.add(key)
             evaluated += 1
-            ev, base = evaluate(spec, g, order, profile, cm, policy=policy,
-                                overlap_data=overlap_data, msgs=msgs, baseline="flat")
+            ev, base = evaluate(
+                spec,
+                g,
+                order,
+                profile,
+                cm,
+                policy=policy,
+                overlap_data=overlap_data,
+                msgs=msgs,
+                baseline="flat",
+            )
             results.append((ev, base))
             if best_flat is None or base.step_time < best_flat[1].step_time:
                 best_flat = (ev, base)
@@ -175,9 +209,17 @@ def search(model, gpus: int, machine, top_k: int = 5, *, overlap_data: bool = Fa
     flat_plan = None
     if best_flat is not None:
         flat_plan = _plan_of(best_flat[1], best_flat[1], spec, profile, gpus)
-    return SearchResult(plans=plans, evaluated=evaluated, excluded_memory=excluded_memory,
-                        excluded_split=excluded_split, seconds=time.perf_counter() - t0,
-                        model=spec, profile=profile, gpus=gpus, best_flat=flat_plan)
+    return SearchResult(
+        plans=plans,
+        evaluated=evaluated,
+        excluded_memory=excluded_memory,
+        excluded_split=excluded_split,
+        seconds=time.perf_counter() - t0,
+        model=spec,
+        profile=profile,
+        gpus=gpus,
+        best_flat=flat_plan,
+    )
 
 
 # ---- explanations and printing ---------------------------------------------------------------
@@ -190,13 +232,17 @@ def _ms(s: float) -> str:
 def explain(result: SearchResult) -> list:
     """Sentences saying why the best configuration wins."""
     if not result.plans:
-        return ["no configuration fits: every grid either runs out of memory per GPU or does "
-                "not split the batch/heads; try more GPUs, recomputation or a smaller "
-                "micro-batch"]
+        return [
+            "no configuration fits: every grid either runs out of memory per GPU or does "
+            "not split the batch/heads; try more GPUs, recomputation or a smaller "
+            "micro-batch"
+        ]
     best = result.plans[0]
     out = []
-    comps = lambda p: {"compute": p.compute_time, **{f"exposed {a}": p.exposed_time[a]
-                                                      for a in AXES}}
+
+    def comps(p):
+        return {"compute": p.compute_time, **{f"exposed {a}": p.exposed_time[a] for a in AXES}}
+
     if len(result.plans) > 1:
         second = result.plans[1]
         d = second.step_time - best.step_time
@@ -205,33 +251,41 @@ def explain(result: SearchResult) -> list:
         out.append(
             f"#1 ({best.label()}) beats #2 ({second.label()}) by {_ms(d)} per step "
             f"({100 * d / second.step_time:.1f}%); the largest difference is {key} "
-            f"({_ms(comps(second)[key])} vs {_ms(comps(best)[key])}).")
+            f"({_ms(comps(second)[key])} vs {_ms(comps(best)[key])})."
+        )
     gain = best.baseline_step_time - best.step_time
     if gain <= 0:
-        out.append("On this grid the library's flat collectives are predicted as good as any of "
-                   "fourd's algorithms on every axis (rail-striped rings, no latency-bound "
-                   "message).")
+        out.append(
+            "On this grid the library's flat collectives are predicted as good as any of "
+            "fourd's algorithms on every axis (rail-striped rings, no latency-bound "
+            "message)."
+        )
     else:
         axis = max(AXES, key=lambda a: best.baseline_exposed_time[a] - best.exposed_time[a])
         out.append(
             f"On this grid fourd's algorithms save {_ms(gain)} per step over the library's flat "
             f"collectives ({best.baseline_step_time / best.step_time:.2f}x), most on axis "
             f"'{axis}' ({best.algorithms[axis]}: exposed {_ms(best.baseline_exposed_time[axis])}"
-            f" -> {_ms(best.exposed_time[axis])}).")
+            f" -> {_ms(best.exposed_time[axis])})."
+        )
     if result.best_flat is not None:
         out.append(
             f"The best grid with flat collectives only ({result.best_flat.label()}) predicts "
             f"{_ms(result.best_flat.step_time)} per step "
-            f"({result.best_flat.step_time / best.step_time:.2f}x the best plan).")
+            f"({result.best_flat.step_time / best.step_time:.2f}x the best plan)."
+        )
     mem = best.memory["total"] / 1e9
     cap = result.profile.memory_bytes / 1e9
     out.append(
         f"Memory per GPU {mem:.1f} GB of {cap:.0f} GB; {result.excluded_memory} of "
         f"{result.evaluated} configurations evaluated were excluded for memory, "
-        f"{result.excluded_split} grids because the batch or heads do not split.")
+        f"{result.excluded_split} grids because the batch or heads do not split."
+    )
     exposed_frac = best.exposed_total / best.step_time
-    out.append(f"Exposed communication is {100 * exposed_frac:.0f}% of the step; compute "
-               f"{_ms(best.compute_time)}.")
+    out.append(
+        f"Exposed communication is {100 * exposed_frac:.0f}% of the step; compute "
+        f"{_ms(best.compute_time)}."
+    )
     return out
 
 
@@ -243,27 +297,33 @@ def format_table(result: SearchResult) -> str:
         f"{spec.name}: {spec.params() / 1e9:.1f}B parameters, {spec.layers} layers, hidden "
         f"{spec.hidden}, {spec.heads} heads, seq {spec.seq_len}, global batch "
         f"{spec.global_batch}, micro-batch {spec.micro_batch}, {spec.dtype}, recompute "
-        f"{'on' if spec.recompute else 'off'}")
+        f"{'on' if spec.recompute else 'off'}"
+    )
     lines.append(
         f"machine {prof.name}: {result.gpus} GPUs = {result.gpus / prof.ranks_per_node:g} nodes "
         f"x {prof.ranks_per_node}; {result.evaluated} configurations evaluated in "
-        f"{result.seconds:.1f} s")
+        f"{result.seconds:.1f} s"
+    )
     lines.append("")
-    hdr = (f"{'#':>2} {'Gx':>4} {'Gy':>4} {'Gz':>4} {'Gd':>5} {'order':<12} "
-           f"{'algorithms x/y/z/data':<34} {'step':>9} {'compute':>9} "
-           f"{'x':>15} {'y':>15} {'z':>15} {'data':>15} {'exposed':>9} {'mem/GPU':>8} "
-           f"{'vs flat':>7}")
+    hdr = (
+        f"{'#':>2} {'Gx':>4} {'Gy':>4} {'Gz':>4} {'Gd':>5} {'order':<12} "
+        f"{'algorithms x/y/z/data':<34} {'step':>9} {'compute':>9} "
+        f"{'x':>15} {'y':>15} {'z':>15} {'data':>15} {'exposed':>9} {'mem/GPU':>8} "
+        f"{'vs flat':>7}"
+    )
     lines.append(hdr)
     lines.append(f"{'':>58}{'':>20}{'comm (exposed) per step, ms':^64}")
     for p in result.plans:
         algos = "/".join(p.algorithms[a] for a in AXES)
         cols = " ".join(
-            f"{p.comm_time[a] * 1e3:>7.1f}({p.exposed_time[a] * 1e3:>6.1f})" for a in AXES)
+            f"{p.comm_time[a] * 1e3:>7.1f}({p.exposed_time[a] * 1e3:>6.1f})" for a in AXES
+        )
         lines.append(
             f"{p.rank:>2} {p.x:>4} {p.y:>4} {p.z:>4} {p.data:>5} {p.order:<12} {algos:<34} "
             f"{p.step_time * 1e3:>7.0f}ms {p.compute_time * 1e3:>7.0f}ms {cols} "
             f"{p.exposed_total * 1e3:>7.0f}ms {p.memory['total'] / 1e9:>6.1f}GB "
-            f"{p.baseline_step_time / p.step_time:>6.2f}x")
+            f"{p.baseline_step_time / p.step_time:>6.2f}x"
+        )
     lines.append("")
     if result.plans:
         b = result.plans[0]
@@ -272,12 +332,16 @@ def format_table(result: SearchResult) -> str:
         lines.append(
             f"best: {b.step_time:.3f} s per step, {tokens / b.step_time:,.0f} tokens/s, "
             f"{tflops:.0f} model TFLOP/s per GPU; micro-batch {b.micro_batch} x "
-            f"{b.accumulation} accumulation steps per (data, z) shard")
+            f"{b.accumulation} accumulation steps per (data, z) shard"
+        )
         m = b.memory
         lines.append(
-            "memory per GPU: " + ", ".join(
-                f"{k} {m[k] / 1e9:.1f} GB" for k in ("weights", "gradients", "optimizer",
-                                                      "transient", "activations", "total")))
+            "memory per GPU: "
+            + ", ".join(
+                f"{k} {m[k] / 1e9:.1f} GB"
+                for k in ("weights", "gradients", "optimizer", "transient", "activations", "total")
+            )
+        )
     lines.append("why:")
     for s in explain(result):
         lines.append(f"  - {s}")

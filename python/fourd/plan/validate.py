@@ -23,8 +23,16 @@ from .. import _C
 from .model import Placement
 from .profiles import get_profile
 
-REQUIRED = ("collective", "algorithm", "size_bytes", "dtype", "time_us", "group_size", "nodes",
-            "ranks_per_node")
+REQUIRED = (
+    "collective",
+    "algorithm",
+    "size_bytes",
+    "dtype",
+    "time_us",
+    "group_size",
+    "nodes",
+    "ranks_per_node",
+)
 
 
 def load_rows(path: str) -> list:
@@ -80,28 +88,41 @@ def summary(compared: list, threshold: float = 0.25) -> dict:
         "within_25pct": sum(e < 0.25 for e in errs) / len(errs),
         "pass": med < threshold,
         "threshold": threshold,
-        "groups": {k: {"rows": len(v), "median_abs_error": statistics.median(v)}
-                   for k, v in sorted(groups.items())},
+        "groups": {
+            k: {"rows": len(v), "median_abs_error": statistics.median(v)}
+            for k, v in sorted(groups.items())
+        },
     }
 
 
 def report_markdown(compared: list, summ: dict, source: str, machine: str) -> str:
-    lines = [f"# Predicted vs measured: {source}", "",
-             f"Profile: `{machine}`. Rows: {summ['rows']}. "
-             f"Median absolute error: "
-             + (f"{100 * summ['median_abs_error']:.1f}%" if summ["rows"] else "n/a")
-             + f" (threshold {100 * summ.get('threshold', 0.25):.0f}%: "
-             + ("pass" if summ["pass"] else "FAIL") + ").", "",
-             "| collective/algorithm | rows | median abs error |", "|---|---:|---:|"]
+    lines = [
+        f"# Predicted vs measured: {source}",
+        "",
+        f"Profile: `{machine}`. Rows: {summ['rows']}. "
+        f"Median absolute error: "
+        + (f"{100 * summ['median_abs_error']:.1f}%" if summ["rows"] else "n/a")
+        + f" (threshold {100 * summ.get('threshold', 0.25):.0f}%: "
+        + ("pass" if summ["pass"] else "FAIL")
+        + ").",
+        "",
+        "| collective/algorithm | rows | median abs error |",
+        "|---|---:|---:|",
+    ]
     for k, v in summ["groups"].items():
         lines.append(f"| {k} | {v['rows']} | {100 * v['median_abs_error']:.1f}% |")
-    lines += ["", "| collective | axis | algorithm | bytes | group (nodes x k) | measured us | "
-              "predicted us | error |", "|---|---|---|---:|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "| collective | axis | algorithm | bytes | group (nodes x k) | measured us | "
+        "predicted us | error |",
+        "|---|---|---|---:|---|---:|---:|---:|",
+    ]
     for x in compared:
         lines.append(
             f"| {x['collective']} | {x.get('axis', '')} | {x['algorithm']} | {x['size_bytes']} | "
             f"{x['group_size']} ({x['nodes']} x {x['ranks_per_node']}) | {x['time_us']:.1f} | "
-            f"{x['predicted_us']:.1f} | {100 * x['error']:+.0f}% |")
+            f"{x['predicted_us']:.1f} | {100 * x['error']:+.0f}% |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -131,8 +152,11 @@ def plot(compared: list, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m fourd.plan.validate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m fourd.plan.validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("bench_json")
     ap.add_argument("--machine", required=True, help="profile name or JSON (e.g. calibrated)")
     ap.add_argument("--out", help="write a markdown report here")

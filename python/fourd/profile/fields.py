@@ -80,9 +80,16 @@ def _profile_fields() -> list:
 
 
 Profile = dataclasses.make_dataclass(
-    "Profile", _profile_fields(),
-    namespace={"native": _native, "node_injection_bw": _node_injection_bw, "to_dict": _to_dict,
-               "from_dict": classmethod(_from_dict), "replace": _replace})
+    "Profile",
+    _profile_fields(),
+    namespace={
+        "native": _native,
+        "node_injection_bw": _node_injection_bw,
+        "to_dict": _to_dict,
+        "from_dict": classmethod(_from_dict),
+        "replace": _replace,
+    },
+)
 Profile.__module__ = __name__  # make_dataclass names its caller's module only from 3.12 on
 Profile.__doc__ = """Costs of one machine for the planner and the collective model, in SI units
 (seconds, bytes per second, FLOP/s, bytes). Bandwidths are achievable (not peak) figures.

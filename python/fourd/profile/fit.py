@@ -114,8 +114,12 @@ def kernel_working_sets(k: int) -> dict:
     by the profile field the kernel measures."""
     kk = max(2, k)
     piece = KERNEL16_BYTES // kk
-    return {"memcpy_bw": 2 * KERNEL_BYTES, "reduce_bw": 3 * KERNEL_BYTES,
-            "reduce_bw_16": 3 * KERNEL16_BYTES, "shm_reduce_bw_16": (kk + 1) * piece}
+    return {
+        "memcpy_bw": 2 * KERNEL_BYTES,
+        "reduce_bw": 3 * KERNEL_BYTES,
+        "reduce_bw_16": 3 * KERNEL16_BYTES,
+        "shm_reduce_bw_16": (kk + 1) * piece,
+    }
 
 
 def core_share(ranks_on_host: int) -> float:
@@ -127,15 +131,17 @@ def core_share(ranks_on_host: int) -> float:
     return min(1.0, cores / max(1, ranks_on_host))
 
 
-def solve_bw(d: dict, field: str, seconds: float, algorithm: str, nbytes: int, dtype: str,
-             shape, base) -> float:
+def solve_bw(
+    d: dict, field: str, seconds: float, algorithm: str, nbytes: int, dtype: str, shape, base
+) -> float:
     """The value of bandwidth `field` of profile `d` for which the model predicts `seconds` for
     an all-reduce: the model's time is A + B / field on one node, so two predictions give it.
     The bandwidth terms are credited at least a quarter of the time."""
 
     def t(x):
-        return _C.predict("all_reduce", algorithm, nbytes, dtype, shape,
-                          to_native({**d, field: x}, base))
+        return _C.predict(
+            "all_reduce", algorithm, nbytes, dtype, shape, to_native({**d, field: x}, base)
+        )
 
     fixed = t(1e30)
     per = t(1.0) - fixed
@@ -152,8 +158,16 @@ def _clamp_efficiency(eff: float) -> float:
     return float(min(4.0, max(0.05, eff)))
 
 
-def correction_points(collective: str, dtype: str, shape, prof, nbytes: int, rows: list,
-                      margin: float, next_nbytes: int | None = None) -> tuple:
+def correction_points(
+    collective: str,
+    dtype: str,
+    shape,
+    prof,
+    nbytes: int,
+    rows: list,
+    margin: float,
+    next_nbytes: int | None = None,
+) -> tuple:
     """(points, timed) from `rows` of (algorithm, in_place, measured seconds) at `nbytes`.
     points: the profile's ``corrections`` entries, measured / predicted by `prof` (cost_model.hpp,
     Correction), fourd's own algorithms multiplied by `margin` (the library's "flat" is not),
@@ -164,16 +178,30 @@ def correction_points(collective: str, dtype: str, shape, prof, nbytes: int, row
     for alg, in_place, measured in rows:
         model = _C.predict(collective, alg, nbytes, dtype, shape, prof, in_place)
         if next_nbytes is not None:
-            timed.append((alg, measured, model, _C.predict(
-                collective, alg, next_nbytes, dtype, shape, prof, in_place)))
+            timed.append(
+                (
+                    alg,
+                    measured,
+                    model,
+                    _C.predict(collective, alg, next_nbytes, dtype, shape, prof, in_place),
+                )
+            )
         if not (model > 0 and np.isfinite(model)):
             continue
         factor = measured / model * (1.0 if alg == "flat" else margin)
-        points.append({"collective": collective, "algorithm": alg,
-                       "group_size": int(shape.size), "nodes": int(shape.nodes),
-                       "half16": dtype == "bfloat16", "in_place": in_place,
-                       "nbytes": float(nbytes), "factor": min(10.0, max(0.1, factor)),
-                       "measured_s": measured})
+        points.append(
+            {
+                "collective": collective,
+                "algorithm": alg,
+                "group_size": int(shape.size),
+                "nodes": int(shape.nodes),
+                "half16": dtype == "bfloat16",
+                "in_place": in_place,
+                "nbytes": float(nbytes),
+                "factor": min(10.0, max(0.1, factor)),
+                "measured_s": measured,
+            }
+        )
     return points, timed
 
 
@@ -231,8 +259,7 @@ def _measure_level(measure, axis: str, sizes, algorithm: str):
         return [measure("all_gather", axis, "flat", n) for n in sizes], "flat"
 
 
-def fit_level(measure, axis: str, p: int, sizes, algorithm: str = "ring",
-              relative: bool = True):
+def fit_level(measure, axis: str, p: int, sizes, algorithm: str = "ring", relative: bool = True):
     """(alpha, bandwidth, algorithm measured) of one level from ring all-gather timings on
     groups of p ranks; None when p < 2. `relative`: see _fit_line."""
     if p < 2:
@@ -280,8 +307,16 @@ def _resident(prof: Profile, collective: str, p: int, ranks_per_node: int):
     return resident
 
 
-def fit_profile(measure, *, ranks_per_node: int, nodes: int, base: Profile | None = None,
-                name: str = "calibrated", local=None, cache=None) -> Profile:
+def fit_profile(
+    measure,
+    *,
+    ranks_per_node: int,
+    nodes: int,
+    base: Profile | None = None,
+    name: str = "calibrated",
+    local=None,
+    cache=None,
+) -> Profile:
     """A profile from timings. `measure(collective, axis, algorithm, nbytes)` returns seconds
     on the calibration grid (x: ranks_per_node ranks of a node; y: one rank per node);
     `local` is a dict of locally measured reduce_bw, memcpy_bw, compute_flops, memory_bytes
@@ -300,8 +335,9 @@ def fit_profile(measure, *, ranks_per_node: int, nodes: int, base: Profile | Non
     inter = fit_level(measure, "y", nodes, INTER_SIZES, relative=False)
     if inter is not None:
         prof = prof.replace(inter_alpha=inter[0], nic_bw=inter[1], nics_per_node=ranks_per_node)
-        notes["inter_alpha"] = notes["nic_bw"] = (f"fit: {inter[2]} all-gather across nodes, "
-                                                  "all ranks on")
+        notes["inter_alpha"] = notes["nic_bw"] = (
+            f"fit: {inter[2]} all-gather across nodes, all ranks on"
+        )
     if ranks_per_node >= 2:
         prof = _fit_flat(measure, prof, notes, ranks_per_node)
         prof = _fit_shm_and_16bit(measure, prof, notes, ranks_per_node)
@@ -312,8 +348,7 @@ def _fit_intra(measure, prof: Profile, notes: dict, k: int, local) -> Profile:
     """intra_alpha, intra_bw (and the cache gain, when the sizes straddle the cache edge) from
     the all-gathers on x; then intra_bw refitted on the ring all-reduce."""
     if prof.cache_bytes > 0 and prof.cache_bw_gain > 1:
-        intra = fit_level_cached(measure, "x", k, INTRA_SIZES,
-                                 _resident(prof, "all_gather", k, k))
+        intra = fit_level_cached(measure, "x", k, INTRA_SIZES, _resident(prof, "all_gather", k, k))
     else:
         intra = fit_level(measure, "x", k, INTRA_SIZES)
         intra = intra and (intra[0], intra[1], None, intra[2])
@@ -323,8 +358,9 @@ def _fit_intra(measure, prof: Profile, notes: dict, k: int, local) -> Profile:
     notes["intra_alpha"] = notes["intra_bw"] = f"fit: {intra[3]} all-gather inside a node"
     if intra[2] is not None:
         prof = _restate_local_rates(prof, intra[2], k, local)
-        notes["cache_bw_gain"] = (f"fit: {intra[3]} all-gather inside a node, sizes "
-                                  "across the cache edge")
+        notes["cache_bw_gain"] = (
+            f"fit: {intra[3]} all-gather inside a node, sizes across the cache edge"
+        )
     # The all-gather gives the latency and the cache gain; the bandwidth is then refitted on
     # the ring all-reduce that ring, rhd and hierarchical mostly run. Per byte, the two differ
     # on few ranks: on 2 ranks (a core each) a lone all-gather step copies slower than the
@@ -334,8 +370,10 @@ def _fit_intra(measure, prof: Profile, notes: dict, k: int, local) -> Profile:
     bw = fit_rate(measure, prof, "intra_bw", "ring", "float32", RING_SIZES, k)
     if bw is not None:
         prof = prof.replace(intra_bw=bw)
-        notes["intra_bw"] = (f"fit: {intra[3]} all-gather inside a node (latency, cache "
-                             "gain), then ring all-reduce 1-64 MiB (bandwidth)")
+        notes["intra_bw"] = (
+            f"fit: {intra[3]} all-gather inside a node (latency, cache "
+            "gain), then ring all-reduce 1-64 MiB (bandwidth)"
+        )
     return prof
 
 
@@ -351,8 +389,9 @@ def _restate_local_rates(prof: Profile, gain: float, k: int, local) -> Profile:
         v = getattr(prof, key)
         if local and key in local and v > 0:
             node = k * touched
-            prof = prof.replace(**{key: v / _C.memory_time_scale(old, node)
-                                   * _C.memory_time_scale(new, node)})
+            prof = prof.replace(
+                **{key: v / _C.memory_time_scale(old, node) * _C.memory_time_scale(new, node)}
+            )
     return prof
 
 
@@ -364,28 +403,37 @@ def _fit_flat(measure, prof: Profile, notes: dict, k: int) -> Profile:
     shape = _C.GroupShape(k, 1, k, True)
     ratios = []
     for n in FLAT_SIZES:
-        ideal = _C.predict("all_reduce", "flat", n, "float32", shape,
-                           prof.replace(flat_efficiency=1.0).native())
+        ideal = _C.predict(
+            "all_reduce", "flat", n, "float32", shape, prof.replace(flat_efficiency=1.0).native()
+        )
         ratios.append(ideal / measure("all_reduce", "x", "flat", n))
     eff = float(np.exp(np.mean(np.log(ratios))))
     prof = prof.replace(flat_efficiency=_clamp_efficiency(eff))
-    notes["flat_efficiency"] = ("model flat time / measured flat all-reduce, geometric "
-                                "mean over 8 and 32 MiB (both sides of the cache edge)")
+    notes["flat_efficiency"] = (
+        "model flat time / measured flat all-reduce, geometric "
+        "mean over 8 and 32 MiB (both sides of the cache edge)"
+    )
     # 16-bit floats: the library reduces them with a user-defined operator
     ratios = []
     try:
         for n in FLAT_SIZES:
-            ideal = _C.predict("all_reduce", "flat", n, "bfloat16", shape,
-                               prof.replace(flat_efficiency=1.0,
-                                            flat_efficiency_16=0.0).native())
+            ideal = _C.predict(
+                "all_reduce",
+                "flat",
+                n,
+                "bfloat16",
+                shape,
+                prof.replace(flat_efficiency=1.0, flat_efficiency_16=0.0).native(),
+            )
             ratios.append(ideal / measure("all_reduce", "x", "flat", n, "bfloat16"))
     except (TypeError, ValueError, ImportError):  # a measure without dtypes
         ratios = []
     if ratios:
         eff = float(np.exp(np.mean(np.log(ratios))))
         prof = prof.replace(flat_efficiency_16=_clamp_efficiency(eff))
-        notes["flat_efficiency_16"] = ("model flat time / measured flat bfloat16 "
-                                       "all-reduce, geometric mean over 8 and 32 MiB")
+        notes["flat_efficiency_16"] = (
+            "model flat time / measured flat bfloat16 all-reduce, geometric mean over 8 and 32 MiB"
+        )
     return prof
 
 
@@ -398,8 +446,10 @@ def _fit_shm_and_16bit(measure, prof: Profile, notes: dict, k: int) -> Profile:
     if shm is not None:
         prof = prof.replace(shm_bw=shm)
         notes["shm_bw"] = "fit: shm all-reduce inside a node (1-16 MiB)"
-    for field, algorithm, sizes in (("shm_reduce_bw_16", "shm", SHM_SIZES),
-                                    ("reduce_bw_16", "ring", RING_SIZES)):
+    for field, algorithm, sizes in (
+        ("shm_reduce_bw_16", "shm", SHM_SIZES),
+        ("reduce_bw_16", "ring", RING_SIZES),
+    ):
         if algorithm == "shm" and shm is None:
             continue
         rate = fit_rate(measure, prof, field, algorithm, "bfloat16", sizes, k)
@@ -423,8 +473,11 @@ def fit_rate(measure, prof: Profile, field: str, algorithm: str, dtype: str, siz
     num = den = 0.0
     for n in sizes:
         try:
-            t = (measure("all_reduce", "x", algorithm, n) if dtype == "float32"
-                 else measure("all_reduce", "x", algorithm, n, dtype))
+            t = (
+                measure("all_reduce", "x", algorithm, n)
+                if dtype == "float32"
+                else measure("all_reduce", "x", algorithm, n, dtype)
+            )
         except (TypeError, ValueError, ImportError):
             return None
         fixed = _C.predict("all_reduce", algorithm, n, dtype, shape, fixed_prof)

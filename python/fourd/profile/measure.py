@@ -89,9 +89,11 @@ _CORRECTION_SIZES = (8 << 10, 64 << 10, 512 << 10, 4 << 20, 16 << 20)
 # their type, and a 16-bit reduce-scatter's own reduction rate is in the model already: both in
 # float32 only (their points stand for the 16-bit calls too, cost_model.cpp). fourd's
 # reduce_scatter has no in-place form.
-_CORRECTION_PLAN = (("all_reduce", ("float32", "bfloat16"), (False, True)),
-                    ("all_gather", ("float32",), (False, True)),
-                    ("reduce_scatter", ("float32",), (False,)))
+_CORRECTION_PLAN = (
+    ("all_reduce", ("float32", "bfloat16"), (False, True)),
+    ("all_gather", ("float32",), (False, True)),
+    ("reduce_scatter", ("float32",), (False,)),
+)
 # Across nodes (larger messages hold the last factor there, cost_model.cpp), float32 and out of
 # place only (the network decides there, not the placement: in-place calls use these points;
 # the calibration's in-place and out-of-place timings of one algorithm on the emulated 2 x 2
@@ -107,9 +109,11 @@ _CORRECTION_PLAN = (("all_reduce", ("float32", "bfloat16"), (False, True)),
 # congested links as messages grow, which one alpha-beta figure per link cannot show.
 _RAIL_SIZES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
 _MIXED_SIZES = (1 << 20, 4 << 20, 16 << 20)
-_SPANNING_PLAN = (("all_reduce", ("float32",), (False,)),
-                  ("all_gather", ("float32",), (False,)),
-                  ("reduce_scatter", ("float32",), (False,)))
+_SPANNING_PLAN = (
+    ("all_reduce", ("float32",), (False,)),
+    ("all_gather", ("float32",), (False,)),
+    ("reduce_scatter", ("float32",), (False,)),
+)
 _SPANNING_ROUNDS_LARGE = 5  # one call a round: the network's spread needs more rounds
 _CORRECTION_ROUNDS = 5
 _CORRECTION_LARGE = 4 << 20  # from this size: fewer rounds, more untimed calls before each
@@ -186,8 +190,9 @@ def measure_cache() -> tuple:
     return fit_cache(_CACHE_SWEEP, bws)
 
 
-def measure_kernels(cache_bytes: float, gain: float, k: int, ranks: int = 1,
-                    share: float = 1.0) -> dict:
+def measure_kernels(
+    cache_bytes: float, gain: float, k: int, ranks: int = 1, share: float = 1.0
+) -> dict:
     """Rates of this rank's local kernels, with `ranks` ranks of the node measuring at once:
     memcpy_bw (numpy copy, 32 MiB) and reduce_bw (fourd's float32 sum kernel, 32 MiB) as
     streaming figures; reduce_bw_16 (its bfloat16 pairwise kernel) and shm_reduce_bw_16 (its
@@ -242,31 +247,44 @@ def _raw_all_reduce(grid, axis, algorithm: str, src: np.ndarray, dst: np.ndarray
 
     def call():
         grid.all_reduce(s, axis, "sum", output=out, algorithm=algorithm)
+
     return call
 
 
-def _raw_call(grid, axis, collective: str, algorithm: str, arena_in: np.ndarray,
-              arena_out: np.ndarray, count: int, np_dtype, dtype: str, in_place: bool):
+def _raw_call(
+    grid,
+    axis,
+    collective: str,
+    algorithm: str,
+    arena_in: np.ndarray,
+    arena_out: np.ndarray,
+    count: int,
+    np_dtype,
+    dtype: str,
+    in_place: bool,
+):
     """A callable running one blocking collective of `count` elements (the nccl-tests S: the
     gathered output of all_gather, the input of reduce_scatter) on buffers carved from the two
     arenas, as fourd.bench places them in place and out of place."""
-    src = arena_in[:count * np.dtype(np_dtype).itemsize].view(np_dtype)
-    out = arena_out[:count * np.dtype(np_dtype).itemsize].view(np_dtype)
+    src = arena_in[: count * np.dtype(np_dtype).itemsize].view(np_dtype)
+    out = arena_out[: count * np.dtype(np_dtype).itemsize].view(np_dtype)
     if collective == "all_reduce":
         return _raw_all_reduce(grid, axis, algorithm, src, src if in_place else out, dtype)
     blk = count // grid.size(axis)
     if collective == "all_gather":
         g = grid.rank(axis)
-        inp = _as_buffer(out[g * blk:(g + 1) * blk] if in_place else src[:blk], dtype)
+        inp = _as_buffer(out[g * blk : (g + 1) * blk] if in_place else src[:blk], dtype)
         o = _as_buffer(out, dtype)
 
         def call():
             grid.all_gather(o, inp, axis, algorithm=algorithm)
+
         return call
     i, o = _as_buffer(src, dtype), _as_buffer(out[:blk], dtype)
 
     def call():
         grid.reduce_scatter(o, i, axis, "sum", algorithm=algorithm)
+
     return call
 
 
@@ -297,8 +315,9 @@ def _time_collective(grid, axis, algorithm: str, reps: int = 5, dtype: str = "fl
     return float(np.median(slowest))
 
 
-def _median_rounds(comm, calls: list, large: bool,
-                   rounds_large: int = _CORRECTION_ROUNDS_LARGE) -> np.ndarray:
+def _median_rounds(
+    comm, calls: list, large: bool, rounds_large: int = _CORRECTION_ROUNDS_LARGE
+) -> np.ndarray:
     """The slowest rank's time of each callable, the median over rotated rounds (the same
     figures on every rank). Collective over `comm`."""
     if large:  # one call is a batch; warm-up happens before each timing
@@ -333,9 +352,14 @@ def _median_rounds(comm, calls: list, large: bool,
     return np.median(times, axis=0)
 
 
-def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
-                        sizes=_CORRECTION_SIZES,
-                        rounds_large: int = _CORRECTION_ROUNDS_LARGE) -> list:
+def measure_corrections(
+    grid,
+    axis,
+    margin: float = 1.0,
+    plan=_CORRECTION_PLAN,
+    sizes=_CORRECTION_SIZES,
+    rounds_large: int = _CORRECTION_ROUNDS_LARGE,
+) -> list:
     """Measured / predicted times of every algorithm that can run on `axis`, at `sizes`, for
     what `plan` lists (by default _CORRECTION_PLAN: all_reduce in float32 and bfloat16, out of
     place and in place; all_gather out of place and in place and reduce_scatter out of place,
@@ -357,10 +381,20 @@ def measure_corrections(grid, axis, margin: float = 1.0, plan=_CORRECTION_PLAN,
     # Predicted as `auto` will predict: with the points of the other axes measured so far (the
     # levels of hierarchical use them), without any of this axis's own shape.
     current = grid.profile
-    others = [c for c in current.corrections
-              if (c["group_size"], c["nodes"]) != (int(shape.size), int(shape.nodes))]
-    run = _CorrectionRun(grid, axis, shape, to_native({"corrections": others}, current), margin,
-                         rounds_large, sizes[-1])
+    others = [
+        c
+        for c in current.corrections
+        if (c["group_size"], c["nodes"]) != (int(shape.size), int(shape.nodes))
+    ]
+    run = _CorrectionRun(
+        grid,
+        axis,
+        shape,
+        to_native({"corrections": others}, current),
+        margin,
+        rounds_large,
+        sizes[-1],
+    )
     out = []
     for collective, dtypes, placements in plan:
         ex = grid.explain(collective, sizes[-1], axis)
@@ -377,8 +411,7 @@ class _CorrectionRun:
     timed: arrays made just before their size was timed read ring and rhd at 16 MiB up to
     1.6x slower than their steady speed."""
 
-    def __init__(self, grid, axis, shape, prof, margin: float, rounds_large: int,
-                 largest: int):
+    def __init__(self, grid, axis, shape, prof, margin: float, rounds_large: int, largest: int):
         self.grid, self.axis, self.shape, self.prof = grid, axis, shape, prof
         self.margin, self.rounds_large = margin, rounds_large
         self.arena_in = np.zeros(largest, np.uint8)
@@ -403,17 +436,41 @@ class _CorrectionRun:
                 continue
             nbytes = count * item
             self.arena_in[:nbytes].view(np_dtype).fill(one)
-            calls = [(alg, in_place, _raw_call(grid, axis, collective, alg, self.arena_in,
-                                               self.arena_out, count, np_dtype, dtype,
-                                               in_place))
-                     for alg in active for in_place in placements]
+            calls = [
+                (
+                    alg,
+                    in_place,
+                    _raw_call(
+                        grid,
+                        axis,
+                        collective,
+                        alg,
+                        self.arena_in,
+                        self.arena_out,
+                        count,
+                        np_dtype,
+                        dtype,
+                        in_place,
+                    ),
+                )
+                for alg in active
+                for in_place in placements
+            ]
             large = nbytes >= _CORRECTION_LARGE
             med = _median_rounds(grid.mpi_comm, [c[2] for c in calls], large, self.rounds_large)
             nxt = sizes[i + 1] if i + 1 < len(sizes) else None
             prune = large and nxt is not None  # below, latency and caches decide
             rows = [(alg, in_place, float(med[j])) for j, (alg, in_place, _) in enumerate(calls)]
-            points, timed = correction_points(collective, dtype, self.shape, self.prof, nbytes,
-                                              rows, self.margin, nxt if prune else None)
+            points, timed = correction_points(
+                collective,
+                dtype,
+                self.shape,
+                self.prof,
+                nbytes,
+                rows,
+                self.margin,
+                nxt if prune else None,
+            )
             out += points
             if prune:
                 active = still_measured(active, timed)
@@ -491,9 +548,16 @@ def _links_and_kernels(grid, comm) -> dict:
     nodes = [grid.node_of(r) for r in range(n)]
     per_node = max(nodes.count(k) for k in set(nodes))
     d = grid.profile.to_dict()
-    d.update(name=f"calibrated:{socket.gethostname()}", ranks_per_node=per_node,
-             nics_per_node=1, hierarchical_chunks=_CHUNKS, shm_bw=0.0, flat_efficiency=1.0,
-             flat_efficiency_16=0.0, corrections=[])
+    d.update(
+        name=f"calibrated:{socket.gethostname()}",
+        ranks_per_node=per_node,
+        nics_per_node=1,
+        hierarchical_chunks=_CHUNKS,
+        shm_bw=0.0,
+        flat_efficiency=1.0,
+        flat_efficiency_16=0.0,
+        corrections=[],
+    )
     intra_peer = next((r for r in range(1, n) if nodes[r] == nodes[0]), None)
     inter_peer = next((r for r in range(1, n) if nodes[r] != nodes[0]), None)
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -533,8 +597,7 @@ def _solved_collectives(grid, comm, d: dict, axis) -> dict:
         # ring all-reduce: the model's 2(k-1) alpha + (k-1)/k n gamma + 2(k-1)/k n / intra_bw
         # (scaled by the cache tier) solved for intra_bw
         t = _time_collective(grid, axis, "ring")
-        d["intra_bw"] = solve_bw(d, "intra_bw", t, "ring", nbytes, "float32", shape,
-                                 base) / _MARGIN
+        d["intra_bw"] = solve_bw(d, "intra_bw", t, "ring", nbytes, "float32", shape, base) / _MARGIN
         grid.set_profile(to_native(d, base))
         # shm all-reduce: (2 - 1/k) n / shm_bw + (k-1)/k n gamma (+ barriers), likewise
         t = _time_collective(grid, axis, "shm")
@@ -545,21 +608,31 @@ def _solved_collectives(grid, comm, d: dict, axis) -> dict:
         # slower than the lone kernel on 2 ranks of the 2-core VM)
         for field, algorithm in (("shm_reduce_bw_16", "shm"), ("reduce_bw_16", "ring")):
             t = _time_collective(grid, axis, algorithm, dtype="bfloat16")
-            d[field] = solve_bw(d, field, t, algorithm, nbytes, "bfloat16", shape,
-                                base) / _MARGIN
+            d[field] = solve_bw(d, field, t, algorithm, nbytes, "bfloat16", shape, base) / _MARGIN
         grid.set_profile(to_native(d, grid.profile))
     if comm.Get_size() > 1:
         world = _shape(grid, "world")
         measured = _time_collective(grid, "world", "flat")
-        ideal = _C.predict("all_reduce", "flat", nbytes, "float32", world,
-                           to_native({"flat_efficiency": 1.0}, grid.profile))
+        ideal = _C.predict(
+            "all_reduce",
+            "flat",
+            nbytes,
+            "float32",
+            world,
+            to_native({"flat_efficiency": 1.0}, grid.profile),
+        )
         d["flat_efficiency"] = flat_efficiency(ideal, measured)
         # 16-bit floats go through the library with a user-defined operator: their own
         # efficiency
         measured = _time_collective(grid, "world", "flat", dtype="bfloat16")
-        ideal = _C.predict("all_reduce", "flat", nbytes, "bfloat16", world,
-                           to_native({"flat_efficiency": 1.0, "flat_efficiency_16": 0.0},
-                                     grid.profile))
+        ideal = _C.predict(
+            "all_reduce",
+            "flat",
+            nbytes,
+            "bfloat16",
+            world,
+            to_native({"flat_efficiency": 1.0, "flat_efficiency_16": 0.0}, grid.profile),
+        )
         d["flat_efficiency_16"] = flat_efficiency(ideal, measured)
     d = comm.bcast(d, root=0)
     grid.set_profile(to_native(d, grid.profile))
@@ -581,15 +654,24 @@ def _all_corrections(grid, comm, d: dict, axis) -> dict:
     uncorrected levels, hierarchical read 1.5-2x slower on the emulated 2 x 2 cluster than the
     benchmark then measured it, and `auto` passed it over."""
     virtual = grid.virtual_topology
-    steps = ((axis, _CORRECTION_PLAN, _CORRECTION_SIZES, _CORRECTION_ROUNDS_LARGE),
-             (_rail_axis(grid), _SPANNING_PLAN, spanning_sizes(_RAIL_SIZES, virtual),
-              _SPANNING_ROUNDS_LARGE),
-             (_mixed_axis(grid), _SPANNING_PLAN, spanning_sizes(_MIXED_SIZES, virtual),
-              _SPANNING_ROUNDS_LARGE))
+    steps = (
+        (axis, _CORRECTION_PLAN, _CORRECTION_SIZES, _CORRECTION_ROUNDS_LARGE),
+        (
+            _rail_axis(grid),
+            _SPANNING_PLAN,
+            spanning_sizes(_RAIL_SIZES, virtual),
+            _SPANNING_ROUNDS_LARGE,
+        ),
+        (
+            _mixed_axis(grid),
+            _SPANNING_PLAN,
+            spanning_sizes(_MIXED_SIZES, virtual),
+            _SPANNING_ROUNDS_LARGE,
+        ),
+    )
     for ax, plan, sizes, rounds_large in steps:
         if ax is not None:
-            d["corrections"] += measure_corrections(grid, ax, _MARGIN, plan, sizes,
-                                                    rounds_large)
+            d["corrections"] += measure_corrections(grid, ax, _MARGIN, plan, sizes, rounds_large)
             grid.set_profile(to_native(d, grid.profile))
     return comm.bcast(d, root=0)
 
@@ -606,13 +688,16 @@ def collective_timer(grid, comm, iters: int = 10):
     def buffers(p: int, nbytes: int, dtype: str):
         if dtype == "bfloat16":
             elems = max(p, (nbytes // 2) // p * p)
-            return (Buffer.of(np.full(elems, _BF16_ONE, np.uint16), "bfloat16"),
-                    Buffer.of(np.full(elems // p, _BF16_ONE, np.uint16), "bfloat16"))
+            return (
+                Buffer.of(np.full(elems, _BF16_ONE, np.uint16), "bfloat16"),
+                Buffer.of(np.full(elems // p, _BF16_ONE, np.uint16), "bfloat16"),
+            )
         elems = max(p, (nbytes // 4) // p * p)
         return np.ones(elems, dtype=np.float32), np.ones(elems // p, dtype=np.float32)
 
-    def measure(collective: str, axis: str, algorithm: str, nbytes: int,
-                dtype: str = "float32") -> float:
+    def measure(
+        collective: str, axis: str, algorithm: str, nbytes: int, dtype: str = "float32"
+    ) -> float:
         big, small = buffers(grid.size(axis), nbytes, dtype)
 
         def once():
@@ -674,8 +759,9 @@ def measure_local(ranks_per_node: int, cache=None, comm=None) -> dict:
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
     share = core_share(shared.Get_size())
     shared.Free()
-    out = measure_kernels(*(cache or (0.0, 1.0)), k=ranks_per_node, ranks=ranks_per_node,
-                          share=share)
+    out = measure_kernels(
+        *(cache or (0.0, 1.0)), k=ranks_per_node, ranks=ranks_per_node, share=share
+    )
     m = 512
     x = np.random.default_rng(0).standard_normal((m, m)).astype(np.float32)
     t_mm = _best_of(lambda: x @ x)
@@ -711,6 +797,9 @@ def _measure_gpu_local() -> dict:
     m = 8192
     x = torch.randn(m, m, dtype=torch.bfloat16, device=dev)
     t_mm = timed(lambda: x @ x, reps=5)
-    return {"reduce_bw": 4 * n / t_add, "memcpy_bw": 4 * n / t_copy,
-            "compute_flops": 2 * m**3 / t_mm,
-            "memory_bytes": float(torch.cuda.get_device_properties(dev).total_memory)}
+    return {
+        "reduce_bw": 4 * n / t_add,
+        "memcpy_bw": 4 * n / t_copy,
+        "compute_flops": 2 * m**3 / t_mm,
+        "memory_bytes": float(torch.cuda.get_device_properties(dev).total_memory),
+    }

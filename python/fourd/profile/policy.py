@@ -78,13 +78,19 @@ def _measure_and_save(grid, path: str) -> dict:
     if grid.mpi_comm.Get_rank() == 0:
         _memo[path] = {k: v for k, v in payload.items() if k in FIELDS}
         try:
-            save(_memo[path], path, {
-                "version": VERSION, "host": socket.gethostname(),
-                "world_size": grid.world_size, "nodes": grid.num_nodes,
-                "virtual_topology": grid.virtual_topology,
-                "seconds": payload.get("calibration_seconds"),
-                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            })
+            save(
+                _memo[path],
+                path,
+                {
+                    "version": VERSION,
+                    "host": socket.gethostname(),
+                    "world_size": grid.world_size,
+                    "nodes": grid.num_nodes,
+                    "virtual_topology": grid.virtual_topology,
+                    "seconds": payload.get("calibration_seconds"),
+                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+            )
         except OSError:
             pass  # a read-only home: the profile still applies to this run
     return payload
@@ -106,8 +112,10 @@ def apply(grid) -> dict:
     nodes = [grid.node_of(r) for r in range(grid.world_size)]
     d["ranks_per_node"] = max(nodes.count(k) for k in set(nodes))
     grid.set_profile(to_native(d, grid.profile))
-    return {"source": source if kind == "profile" else f"measured, saved to {source}",
-            "profile": grid.profile.to_dict()}
+    return {
+        "source": source if kind == "profile" else f"measured, saved to {source}",
+        "profile": grid.profile.to_dict(),
+    }
 
 
 def _ranks_per_node(comm, ranks_per_node: int | None) -> int:
@@ -123,13 +131,18 @@ def _ranks_per_node(comm, ranks_per_node: int | None) -> int:
             ranks_per_node = shared.Get_size()
             shared.Free()
     if ranks_per_node < 1 or world % ranks_per_node:
-        raise ValueError(f"ranks_per_node: expected a divisor of the {world} ranks; found "
-                         f"{ranks_per_node}")
+        raise ValueError(
+            f"ranks_per_node: expected a divisor of the {world} ranks; found {ranks_per_node}"
+        )
     return ranks_per_node
 
 
-def calibrate(ranks_per_node: int | None = None, out: str | None = None,
-              name: str = "calibrated", base: Profile | None = None) -> Profile:
+def calibrate(
+    ranks_per_node: int | None = None,
+    out: str | None = None,
+    name: str = "calibrated",
+    base: Profile | None = None,
+) -> Profile:
     """Measure this machine's profile with fourd's own collectives (collective: every rank
     of MPI.COMM_WORLD calls it) on the grid x = `ranks_per_node`, y = nodes, which becomes the
     current grid. Saves JSON to `out` on rank 0 (default ./fourd-profile.json) and returns the
@@ -138,17 +151,27 @@ def calibrate(ranks_per_node: int | None = None, out: str | None = None,
     comm = MPI.COMM_WORLD
     world = comm.Get_size()
     if world < 2:
-        raise ValueError("calibrate: needs at least 2 ranks (found 1); run it under "
-                         "mpiexec -n P with P >= 2, e.g. mpiexec -n 8 python -m mpi4py -m "
-                         "fourd.plan --calibrate --ranks-per-node 4")
+        raise ValueError(
+            "calibrate: needs at least 2 ranks (found 1); run it under "
+            "mpiexec -n P with P >= 2, e.g. mpiexec -n 8 python -m mpi4py -m "
+            "fourd.plan --calibrate --ranks-per-node 4"
+        )
     ranks_per_node = _ranks_per_node(comm, ranks_per_node)
     nodes = world // ranks_per_node
-    grid = init(x=ranks_per_node, y=nodes, z=1, data=1, order="x-y-z-data",
-                ranks_per_node=ranks_per_node)
+    grid = init(
+        x=ranks_per_node, y=nodes, z=1, data=1, order="x-y-z-data", ranks_per_node=ranks_per_node
+    )
     timer = collective_timer(grid, comm)
     cache, local = measure_node(comm, ranks_per_node)
-    prof = fit_profile(timer, ranks_per_node=ranks_per_node, nodes=nodes, base=base,
-                       name=name, local=local, cache=cache)
+    prof = fit_profile(
+        timer,
+        ranks_per_node=ranks_per_node,
+        nodes=nodes,
+        base=base,
+        name=name,
+        local=local,
+        cache=cache,
+    )
     if comm.Get_rank() == 0:
         save_profile(prof, out or "fourd-profile.json")
     return prof

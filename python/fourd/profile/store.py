@@ -37,7 +37,8 @@ def load(path: str, version: int | None = None) -> dict:
             d = json.load(f)
     except (OSError, ValueError) as e:
         raise InvalidArgumentError(
-            f"FOURD_PROFILE: cannot read profile file {path!r}: {e}") from None
+            f"FOURD_PROFILE: cannot read profile file {path!r}: {e}"
+        ) from None
     if version is not None:
         meta = d.get("fourd_calibration") if isinstance(d, dict) else None
         if not isinstance(meta, dict) or meta.get("version") != version:
@@ -46,8 +47,8 @@ def load(path: str, version: int | None = None) -> dict:
         d = d["profile"]
     if not isinstance(d, dict) or not any(k in d for k in FIELDS):
         raise InvalidArgumentError(
-            f"FOURD_PROFILE: {path!r} holds no profile fields; expected some of "
-            f"{', '.join(FIELDS)}")
+            f"FOURD_PROFILE: {path!r} holds no profile fields; expected some of {', '.join(FIELDS)}"
+        )
     return {k: v for k, v in d.items() if k in FIELDS}
 
 
@@ -57,8 +58,12 @@ def save(d: dict, path: str, meta: dict | None = None) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"fourd_calibration": meta or {"version": VERSION}, "profile": d}, f, indent=2,
-                  sort_keys=True)
+        json.dump(
+            {"fourd_calibration": meta or {"version": VERSION}, "profile": d},
+            f,
+            indent=2,
+            sort_keys=True,
+        )
         f.write("\n")
     os.replace(tmp, path)
 
@@ -69,8 +74,7 @@ def cache_path(grid) -> str:
     n = grid.world_size
     layout = f"{grid.num_nodes}n"
     if grid.virtual_topology:
-        per = max(sum(1 for r in range(n) if grid.node_of(r) == k)
-                  for k in range(grid.num_nodes))
+        per = max(sum(1 for r in range(n) if grid.node_of(r) == k) for k in range(grid.num_nodes))
         layout += f"-v{per}"
     host = socket.gethostname().replace(os.sep, "_") or "host"
     return os.path.join(base, "fourd", f"profile-{host}-{n}-{layout}.json")

@@ -29,9 +29,9 @@ using fourd::ReduceOp;
 namespace fc = fourd::cuda;
 
 // Asserts a CUDA call succeeded (evaluates it once).
-#define CUDA_OK(expr)                                                       \
-  do {                                                                      \
-    const cudaError_t err_ = (expr);                                        \
+#define CUDA_OK(expr)                                                          \
+  do {                                                                         \
+    const cudaError_t err_ = (expr);                                           \
     ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
   } while (0)
 
@@ -73,10 +73,10 @@ uint16_t floatToHalf(float f) {
   const uint32_t x = bitsOf(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return sign | 0x7e00u;            // NaN
-  if (ax >= 0x47800000u) return sign | 0x7c00u;           // >= 65536: Inf
-  if (ax < 0x38800000u) {                                 // below 2^-14: subnormal or zero
-    const float a = floatOf(ax) * 16777216.0f;            // exact: scale by 2^24
+  if (ax > 0x7f800000u) return sign | 0x7e00u;               // NaN
+  if (ax >= 0x47800000u) return sign | 0x7c00u;              // >= 65536: Inf
+  if (ax < 0x38800000u) {                                    // below 2^-14: subnormal or zero
+    const float a = floatOf(ax) * 16777216.0f;               // exact: scale by 2^24
     return sign | static_cast<uint16_t>(std::nearbyint(a));  // default rounding: to even
   }
   uint32_t h = ((((ax >> 23) - 127u + 15u) << 10) | ((ax & 0x7fffffu) >> 13));
@@ -88,13 +88,13 @@ uint16_t floatToHalf(float f) {
 // ---- host model of one dtype: storage S, accumulation A ---------------------------------------
 template <DataType D>
 struct Model;
-#define FOURD_NATIVE_MODEL(D, T)                        \
-  template <>                                           \
-  struct Model<D> {                                     \
-    using S = T;                                        \
-    using A = T;                                        \
-    static A toA(S s) { return s; }                     \
-    static S fromA(A a) { return a; }                   \
+#define FOURD_NATIVE_MODEL(D, T)      \
+  template <>                         \
+  struct Model<D> {                   \
+    using S = T;                      \
+    using A = T;                      \
+    static A toA(S s) { return s; }   \
+    static S fromA(A a) { return a; } \
   };
 FOURD_NATIVE_MODEL(DataType::kFloat32, float)
 FOURD_NATIVE_MODEL(DataType::kFloat64, double)
@@ -133,10 +133,14 @@ A applyOp(ReduceOp op, A a, A b) {
   using W = typename WrapOf<A>::type;
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<A>(static_cast<W>(a) + static_cast<W>(b));
-    case ReduceOp::kProd: return static_cast<A>(static_cast<W>(a) * static_cast<W>(b));
-    case ReduceOp::kMin: return b < a ? b : a;
-    case ReduceOp::kMax: return a < b ? b : a;
+    case ReduceOp::kAvg:
+      return static_cast<A>(static_cast<W>(a) + static_cast<W>(b));
+    case ReduceOp::kProd:
+      return static_cast<A>(static_cast<W>(a) * static_cast<W>(b));
+    case ReduceOp::kMin:
+      return b < a ? b : a;
+    case ReduceOp::kMax:
+      return a < b ? b : a;
   }
   return a;
 }
@@ -180,21 +184,29 @@ std::vector<uint8_t> referenceReduce(const std::vector<std::vector<uint8_t>>& sr
 std::vector<uint8_t> reference(DataType t, const std::vector<std::vector<uint8_t>>& srcs,
                                size_t count, ReduceOp op, double factor) {
   switch (t) {
-    case DataType::kFloat32: return referenceReduce<DataType::kFloat32>(srcs, count, op, factor);
-    case DataType::kFloat64: return referenceReduce<DataType::kFloat64>(srcs, count, op, factor);
-    case DataType::kFloat16: return referenceReduce<DataType::kFloat16>(srcs, count, op, factor);
-    case DataType::kBFloat16: return referenceReduce<DataType::kBFloat16>(srcs, count, op, factor);
-    case DataType::kInt8: return referenceReduce<DataType::kInt8>(srcs, count, op, factor);
-    case DataType::kUInt8: return referenceReduce<DataType::kUInt8>(srcs, count, op, factor);
-    case DataType::kInt32: return referenceReduce<DataType::kInt32>(srcs, count, op, factor);
-    case DataType::kInt64: return referenceReduce<DataType::kInt64>(srcs, count, op, factor);
+    case DataType::kFloat32:
+      return referenceReduce<DataType::kFloat32>(srcs, count, op, factor);
+    case DataType::kFloat64:
+      return referenceReduce<DataType::kFloat64>(srcs, count, op, factor);
+    case DataType::kFloat16:
+      return referenceReduce<DataType::kFloat16>(srcs, count, op, factor);
+    case DataType::kBFloat16:
+      return referenceReduce<DataType::kBFloat16>(srcs, count, op, factor);
+    case DataType::kInt8:
+      return referenceReduce<DataType::kInt8>(srcs, count, op, factor);
+    case DataType::kUInt8:
+      return referenceReduce<DataType::kUInt8>(srcs, count, op, factor);
+    case DataType::kInt32:
+      return referenceReduce<DataType::kInt32>(srcs, count, op, factor);
+    case DataType::kInt64:
+      return referenceReduce<DataType::kInt64>(srcs, count, op, factor);
   }
   return {};
 }
 
-const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+const DataType kAllTypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                               DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
-                              DataType::kInt32,   DataType::kInt64};
+                              DataType::kInt32,    DataType::kInt64};
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
                             ReduceOp::kAvg};
 
@@ -225,7 +237,9 @@ std::vector<uint8_t> makeData(DataType t, ReduceOp op, size_t count, uint64_t se
     const float v = static_cast<float>(static_cast<int>(r % (2 * span + 1)) - span);
     uint8_t* p = out.data() + i * es;
     switch (t) {
-      case DataType::kFloat32: std::memcpy(p, &v, 4); break;
+      case DataType::kFloat32:
+        std::memcpy(p, &v, 4);
+        break;
       case DataType::kFloat64: {
         const double d = v;
         std::memcpy(p, &d, 8);
@@ -241,7 +255,9 @@ std::vector<uint8_t> makeData(DataType t, ReduceOp op, size_t count, uint64_t se
         std::memcpy(p, &h, 2);
         break;
       }
-      default: std::memcpy(p, &r, es); break;  // every bit pattern
+      default:
+        std::memcpy(p, &r, es);
+        break;  // every bit pattern
     }
   }
   return out;
@@ -266,7 +282,8 @@ bool isNaN(DataType t, const uint8_t* p) {
       std::memcpy(&h, p, 2);
       return t == DataType::kFloat16 ? std::isnan(halfToFloat(h)) : std::isnan(bf16ToFloat(h));
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -419,8 +436,8 @@ TEST_F(CudaKernels, InPlace) {
 }
 
 TEST_F(CudaKernels, AvgWithExplicitFactor) {
-  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                     DataType::kBFloat16}) {
+  for (DataType t :
+       {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
     for (double f : {0.25, 1.0 / 3.0, 1.0 / 12.0}) {
       ASSERT_EQ(runCase(t, ReduceOp::kAvg, 4, 4099, Layout{}, f, stream_), "") << "factor " << f;
     }
@@ -429,8 +446,8 @@ TEST_F(CudaKernels, AvgWithExplicitFactor) {
 
 TEST_F(CudaKernels, MoreSourcesThanOneLaunch) {
   const int n = fc::kMaxReduceSources + 6;
-  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
-                     DataType::kInt32, DataType::kUInt8}) {
+  for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16, DataType::kInt32,
+                     DataType::kUInt8}) {
     for (ReduceOp op : kAllOps) {
       if (op == ReduceOp::kAvg && !fourd::isFloating(t)) continue;
       ASSERT_EQ(runCase(t, op, n, 1031, Layout{}, 0.0, stream_), "");
@@ -464,8 +481,8 @@ TEST_F(CudaKernels, MoreSourcesInPlaceAliasMovesFirst) {
 }
 
 TEST_F(CudaKernels, ScaleFloatingTypes) {
-  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                     DataType::kBFloat16}) {
+  for (DataType t :
+       {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
     const size_t count = 3001;
     const size_t es = fc::elementSize(t);
     const auto h = makeData(t, ReduceOp::kSum, count, 42);
@@ -527,8 +544,8 @@ void checkPermute(size_t blockBytes, int nblocks, size_t dstOffset, size_t srcOf
 }
 
 TEST_F(CudaKernels, PermuteBlocks) {
-  for (fc::CopyMethod m : {fc::CopyMethod::kAuto, fc::CopyMethod::kKernel,
-                           fc::CopyMethod::kMemcpy}) {
+  for (fc::CopyMethod m :
+       {fc::CopyMethod::kAuto, fc::CopyMethod::kKernel, fc::CopyMethod::kMemcpy}) {
     for (size_t bb : {size_t(1), size_t(3), size_t(16), size_t(4100), size_t(1) << 20}) {
       for (int nb : {1, 5, fc::kMaxRegionsPerLaunch + 2, 300}) {
         if (bb * static_cast<size_t>(nb) > (size_t(64) << 20)) continue;
@@ -614,8 +631,7 @@ TEST(CudaKernelArguments, CopyRejectsOverlapAndBadPermutation) {
   const int perm[3] = {0, 3, 1};
   EXPECT_THROW(fc::permuteBlocks(buf, buf + 128, 16, perm, 3, nullptr), fourd::InvalidArgument);
   const int negative[2] = {1, -1};
-  EXPECT_THROW(fc::permuteBlocks(buf, buf + 128, 16, negative, 2, nullptr),
-               fourd::InvalidArgument);
+  EXPECT_THROW(fc::permuteBlocks(buf, buf + 128, 16, negative, 2, nullptr), fourd::InvalidArgument);
   const int ok[2] = {1, 0};
   // Destination blocks [0, 64) and source blocks [32, 96) overlap.
   EXPECT_THROW(fc::permuteBlocks(buf, buf + 32, 32, ok, 2, nullptr), fourd::InvalidArgument);

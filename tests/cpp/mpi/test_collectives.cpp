@@ -9,11 +9,11 @@
 #include <memory>
 #include <vector>
 
+#include "../grid_shapes.hpp"
 #include "fourd/error.hpp"
 #include "fourd/grid.hpp"
 #include "internal/comm_state.hpp"
 #include "internal/reduce_kernels.hpp"
-#include "../grid_shapes.hpp"
 
 using namespace fourd;
 
@@ -31,31 +31,57 @@ int worldRank() {
 }
 
 // Value of element i on world rank r: small integers so products and sums stay exact.
-double value(int r, size_t i) { return static_cast<double>((r + 1 + static_cast<int>(i % 3)) % 4 + 1); }
+double value(int r, size_t i) {
+  return static_cast<double>((r + 1 + static_cast<int>(i % 3)) % 4 + 1);
+}
 
 void store(void* p, size_t i, DataType t, double v) {
   switch (t) {
-    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
-    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = detail::floatToHalf(static_cast<float>(v)); break;
-    case DataType::kBFloat16: static_cast<uint16_t*>(p)[i] = detail::floatToBf16(static_cast<float>(v)); break;
-    case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
-    case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
-    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case DataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = detail::floatToHalf(static_cast<float>(v));
+      break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = detail::floatToBf16(static_cast<float>(v));
+      break;
+    case DataType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      break;
+    case DataType::kUInt8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      break;
   }
 }
 
 double load(const void* p, size_t i, DataType t) {
   switch (t) {
-    case DataType::kFloat32: return static_cast<const float*>(p)[i];
-    case DataType::kFloat64: return static_cast<const double*>(p)[i];
-    case DataType::kFloat16: return detail::halfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kBFloat16: return detail::bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kInt8: return static_cast<const int8_t*>(p)[i];
-    case DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
-    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
-    case DataType::kInt64: return static_cast<const int64_t*>(p)[i];
+    case DataType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DataType::kFloat16:
+      return detail::halfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16:
+      return detail::bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
+    case DataType::kUInt8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DataType::kInt64:
+      return static_cast<const int64_t*>(p)[i];
   }
   return 0;
 }
@@ -66,10 +92,18 @@ double expected(ReduceOp op, const std::vector<int>& ranks, size_t i) {
     const double v = value(ranks[k], i);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProd:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::kAvg) acc /= ranks.size();
@@ -78,12 +112,12 @@ double expected(ReduceOp op, const std::vector<int>& ranks, size_t i) {
 
 bool exactFor(ReduceOp op, DataType t, int groupSize) {
   // Keep results representable: products of up to 8 values <= 4 overflow int8 / bf16 mantissa.
-  if (op == ReduceOp::kProd && groupSize > 3 && (t == DataType::kInt8 || t == DataType::kUInt8 ||
-                                                 t == DataType::kFloat16 || t == DataType::kBFloat16))
+  if (op == ReduceOp::kProd && groupSize > 3 &&
+      (t == DataType::kInt8 || t == DataType::kUInt8 || t == DataType::kFloat16 ||
+       t == DataType::kBFloat16))
     return false;
   return true;
 }
-
 
 struct Case {
   std::array<int, 4> sizes;
@@ -122,9 +156,9 @@ bool near(double got, double want, DataType t) {
 // place; sums at 1 and 1000 (counts not divisible by most group sizes).
 TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
   const int me = worldRank();
-  const DataType dtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                             DataType::kBFloat16, DataType::kInt8, DataType::kUInt8,
-                             DataType::kInt32, DataType::kInt64};
+  const DataType dtypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                             DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
+                             DataType::kInt32,    DataType::kInt64};
   int rot = 0;
   for (const auto& c : cases()) {
     GridConfig cfg;
@@ -139,18 +173,21 @@ TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
       const int p = comm.size();
       for (int a = 1; a < kNumAlgorithms; ++a) {
         const Algorithm algo = static_cast<Algorithm>(a);
-        ASSERT_NE(detail::algorithmImpl(algo), nullptr) << algorithmName(algo) << " is not built in";
+        ASSERT_NE(detail::algorithmImpl(algo), nullptr)
+            << algorithmName(algo) << " is not built in";
         const DataType t = dtypes[(rot++) % 8];
         for (size_t count : {size_t(1), size_t(7), size_t(1000)}) {
-          SCOPED_TRACE(std::string("grid ") + std::to_string(c.sizes[0]) + "x" + std::to_string(c.sizes[1]) +
-                       "x" + std::to_string(c.sizes[2]) + "x" + std::to_string(c.sizes[3]) + " " + c.order +
-                       " rpn " + std::to_string(c.rpn) + " axis " + maskName(m) + " (" +
+          SCOPED_TRACE(std::string("grid ") + std::to_string(c.sizes[0]) + "x" +
+                       std::to_string(c.sizes[1]) + "x" + std::to_string(c.sizes[2]) + "x" +
+                       std::to_string(c.sizes[3]) + " " + c.order + " rpn " +
+                       std::to_string(c.rpn) + " axis " + maskName(m) + " (" +
                        comm.topology().describe() + ") algo " + algorithmName(algo) + " dtype " +
                        toString(t) + " count " + std::to_string(count));
           CallOptions o;
           o.algorithm = algo;
           const size_t es = dataTypeSize(t);
-          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+          for (ReduceOp op :
+               {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
             if (count != 7 && op != ReduceOp::kSum) continue;
             if (op == ReduceOp::kAvg && !isFloating(t)) continue;
             if (!exactFor(op, t, p)) continue;
@@ -168,7 +205,8 @@ TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
                 std::string w = e.what();
                 ASSERT_NE(w.find("cannot run"), std::string::npos) << w;
                 std::string why;
-                ASSERT_FALSE(detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.group(), &why));
+                ASSERT_FALSE(detail::algorithmImpl(algo)->supports(Collective::kAllReduce,
+                                                                   comm.group(), &why));
                 ASSERT_FALSE(why.empty());
                 goto next_algo;
               }
@@ -176,7 +214,8 @@ TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
                 const double want = expected(op, ranks, i);
                 const double got = load(r.data, i, t);
                 if (op == ReduceOp::kAvg)
-                  ASSERT_TRUE(near(got, want, t)) << "element " << i << " got " << got << " want " << want;
+                  ASSERT_TRUE(near(got, want, t))
+                      << "element " << i << " got " << got << " want " << want;
                 else
                   ASSERT_EQ(got, want) << "element " << i << " op " << toString(op);
               }
@@ -202,10 +241,12 @@ TEST(Collectives, AllAlgorithmsAgainstClosedForm) {
             // reduce_scatter: block g of rank r holds value(r, g*count+i)
             std::vector<char> in(count * es * p), out(count * es);
             for (size_t i = 0; i < count * p; ++i) store(in.data(), i, t, value(me, i));
-            comm.reduceScatter(Buffer(in.data(), count * p, t), Buffer(out.data(), count, t), op, o);
+            comm.reduceScatter(Buffer(in.data(), count * p, t), Buffer(out.data(), count, t), op,
+                               o);
             const int g = comm.rank();
             for (size_t i = 0; i < count; ++i)
-              ASSERT_EQ(load(out.data(), i, t), expected(op, ranks, g * count + i)) << "op " << toString(op);
+              ASSERT_EQ(load(out.data(), i, t), expected(op, ranks, g * count + i))
+                  << "op " << toString(op);
           }
         }
       next_algo:;
@@ -241,14 +282,16 @@ TEST(Collectives, LargeCountsAndHierarchicalLevels) {
     CallOptions o;
     o.algorithm = algo;
     std::string why;
-    if (p > 1 && !detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.group(), &why)) return;
+    if (p > 1 && !detail::algorithmImpl(algo)->supports(Collective::kAllReduce, comm.group(), &why))
+      return;
     SCOPED_TRACE(std::string("axis ") + comm.name() + " algo " + algorithmName(algo) + " dtype " +
                  toString(t) + " count " + std::to_string(count));
     std::vector<char> buf(count * es);
     for (size_t i = 0; i < count; ++i) store(buf.data(), i, t, value(me, i));
     comm.allReduce(Buffer(buf.data(), count, t), Buffer(buf.data(), count, t), ReduceOp::kSum, o);
     for (size_t i = 0; i < count; ++i)
-      ASSERT_EQ(load(buf.data(), i, t), expected(ReduceOp::kSum, ranks, i)) << "all_reduce element " << i;
+      ASSERT_EQ(load(buf.data(), i, t), expected(ReduceOp::kSum, ranks, i))
+          << "all_reduce element " << i;
     const size_t m = count / p + 1;
     std::vector<char> in(m * es), out(m * p * es);
     for (size_t i = 0; i < m; ++i) store(in.data(), i, t, value(me, i));
@@ -265,7 +308,8 @@ TEST(Collectives, LargeCountsAndHierarchicalLevels) {
   };
   for (AxisMask m : {maskOf(Axis::kX), kWorldMask}) {
     Communicator& comm = grid.communicator(m);
-    for (int a = 1; a < kNumAlgorithms; ++a) check(comm, static_cast<Algorithm>(a), DataType::kFloat32, big);
+    for (int a = 1; a < kNumAlgorithms; ++a)
+      check(comm, static_cast<Algorithm>(a), DataType::kFloat32, big);
     check(comm, Algorithm::kRing, DataType::kBFloat16, big);
     check(comm, Algorithm::kShm, DataType::kInt64, 1000003);
   }
@@ -302,7 +346,8 @@ TEST(Collectives, AsyncOperationsOnSeveralAxesAndOrderPerGroup) {
   for (int i = 0; i < 20; ++i) {
     Communicator& c = i % 2 ? x : d;
     works.push_back(c.allReduce(Buffer(bufs[i].data(), 4096, DataType::kInt64),
-                                Buffer(bufs[i].data(), 4096, DataType::kInt64), ReduceOp::kSum, async));
+                                Buffer(bufs[i].data(), 4096, DataType::kInt64), ReduceOp::kSum,
+                                async));
   }
   for (auto& w : works) EXPECT_TRUE(w->wait(60));
   for (int i = 0; i < 20; ++i) {
@@ -321,14 +366,15 @@ TEST(Collectives, InvalidArgumentsThrowBeforeCommunicating) {
   Communicator& c = grid.communicator(kWorldMask);
   std::vector<int32_t> a(16), b(4);
   std::vector<float> f(4);
-  EXPECT_THROW(c.allReduce(Buffer(a.data(), 4, DataType::kInt32), Buffer(f.data(), 4, DataType::kFloat32),
-                           ReduceOp::kSum),
+  EXPECT_THROW(c.allReduce(Buffer(a.data(), 4, DataType::kInt32),
+                           Buffer(f.data(), 4, DataType::kFloat32), ReduceOp::kSum),
                TypeMismatch);
-  EXPECT_THROW(c.allReduce(Buffer(a.data(), 4, DataType::kInt32), Buffer(a.data(), 4, DataType::kInt32),
-                           ReduceOp::kAvg),
+  EXPECT_THROW(c.allReduce(Buffer(a.data(), 4, DataType::kInt32),
+                           Buffer(a.data(), 4, DataType::kInt32), ReduceOp::kAvg),
                InvalidArgument);
-  EXPECT_THROW(c.allGather(Buffer(a.data(), 4, DataType::kInt32), Buffer(b.data(), 3, DataType::kInt32)),
-               InvalidArgument);
+  EXPECT_THROW(
+      c.allGather(Buffer(a.data(), 4, DataType::kInt32), Buffer(b.data(), 3, DataType::kInt32)),
+      InvalidArgument);
   EXPECT_THROW(c.broadcast(Buffer(a.data(), 4, DataType::kInt32), worldSize()), InvalidArgument);
   if (worldSize() > 1) {
     // An input count that is not size() x the output count.
@@ -338,7 +384,8 @@ TEST(Collectives, InvalidArgumentsThrowBeforeCommunicating) {
   }
   // Still usable afterwards (nothing was sent).
   std::vector<int32_t> v(4, 1);
-  c.allReduce(Buffer(v.data(), 4, DataType::kInt32), Buffer(v.data(), 4, DataType::kInt32), ReduceOp::kSum);
+  c.allReduce(Buffer(v.data(), 4, DataType::kInt32), Buffer(v.data(), 4, DataType::kInt32),
+              ReduceOp::kSum);
   EXPECT_EQ(v[0], worldSize());
 }
 

@@ -195,10 +195,10 @@ TEST(CostModelPlacement, RingAcrossNodesIsPacedByTheNicShare) {
   // 20 GB/s each. k = 4: one crossing flow per group per node; fourd's ring stays on one NIC
   // (20 GB/s), the library's ring stripes over the node's 80 GB/s (times 1/efficiency).
   const double perStep = double(n) / 8;
-  EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kRing, n, spanning(8, 1), m),
-              7 * perStep / 20e9, 1e-12);
-  EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kRing, n, spanning(2, 4), m),
-              7 * perStep / 20e9, 1e-12);
+  EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kRing, n, spanning(8, 1), m), 7 * perStep / 20e9,
+              1e-12);
+  EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kRing, n, spanning(2, 4), m), 7 * perStep / 20e9,
+              1e-12);
   EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kFlat, n, spanning(2, 4), m),
               7 * perStep / 80e9 / 0.8, 1e-12);
   // k = 2 of R = 4: two groups per node share Be, 40 GB/s for the library's ring.
@@ -221,8 +221,8 @@ TEST(CostModelPlacement, MeshNodeGivesSmallGroupsFewerLinks) {
   m.intraMesh = true;
   const size_t n = size_t(1) << 30;
   // R = 4 fully connected: a pair uses 1 of 3 links (75 GB/s), the whole node all 3 (225).
-  EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kRing, n, oneNode(2), m),
-              (double(n) / 2) / 75e9, 1e-12);
+  EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kRing, n, oneNode(2), m), (double(n) / 2) / 75e9,
+              1e-12);
   EXPECT_NEAR(t(Collective::kAllGather, Algorithm::kRing, n, oneNode(4), m),
               3 * (double(n) / 4) / 225e9, 1e-12);
 }
@@ -260,8 +260,7 @@ TEST(CostModelSupport, HierarchicalNeedsSeveralUniformNodesShmNeedsOne) {
     EXPECT_TRUE(isSupported(c, Algorithm::kFlat, GroupShape{5, 2, 0, false}));
   }
   const MachineProfile m = gpuProfile();
-  EXPECT_TRUE(
-      std::isinf(t(Collective::kAllReduce, Algorithm::kHierarchical, 1024, oneNode(4), m)));
+  EXPECT_TRUE(std::isinf(t(Collective::kAllReduce, Algorithm::kHierarchical, 1024, oneNode(4), m)));
   EXPECT_TRUE(std::isinf(t(Collective::kAllReduce, Algorithm::kShm, 1024, spanning(2, 4), m)));
 }
 
@@ -293,9 +292,9 @@ TEST(CostModelSupport, BadShapesAndProfilesThrow) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("intraBw"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(predict(static_cast<Collective>(9), Algorithm::kRing, 8, DataType::kFloat32,
-                       oneNode(4), m),
-               InvalidArgument);
+  EXPECT_THROW(
+      predict(static_cast<Collective>(9), Algorithm::kRing, 8, DataType::kFloat32, oneNode(4), m),
+      InvalidArgument);
 }
 
 // ---- shape of the predictions -------------------------------------------------------------------
@@ -312,9 +311,9 @@ TEST(CostModelShape, NothingToMoveCostsNothing) {
 
 TEST(CostModelShape, MonotonicInBytesAndFinite) {
   const MachineProfile m = gpuProfile();
-  const std::vector<GroupShape> shapes = {oneNode(2), oneNode(4), oneNode(3), spanning(2, 4),
-                                          spanning(16, 4), spanning(8, 1), spanning(3, 2),
-                                          GroupShape{6, 4, 0, false}};
+  const std::vector<GroupShape> shapes = {
+      oneNode(2),      oneNode(4),     oneNode(3),     spanning(2, 4),
+      spanning(16, 4), spanning(8, 1), spanning(3, 2), GroupShape{6, 4, 0, false}};
   for (const GroupShape& s : shapes) {
     for (Collective c : kAllCollectives) {
       for (Algorithm a : kConcrete) {
@@ -391,9 +390,8 @@ TEST(CostModelChoose, AutoIsNeverReturnedAndPredictsTheChoice) {
 
 TEST(CostModelChoose, TiesGoToTheLowerEnumValue) {
   // p == 1: everything is 0, so flat (the lowest concrete value) wins.
-  EXPECT_EQ(
-      choose(Collective::kAllReduce, 1 << 20, DataType::kFloat32, oneNode(1), gpuProfile()),
-      Algorithm::kFlat);
+  EXPECT_EQ(choose(Collective::kAllReduce, 1 << 20, DataType::kFloat32, oneNode(1), gpuProfile()),
+            Algorithm::kFlat);
 }
 
 TEST(CostModelChoose, SharedMemoryWinsOnOneCpuNodeForMidSizes) {
@@ -424,7 +422,7 @@ MachineProfile cachedProfile(double cacheBytes, double gain) {
 TEST(CostModelCache, MemoryTimeScaleByHand) {
   EXPECT_DOUBLE_EQ(memoryTimeScale(unitProfile(), 1e12), 1.0);  // no tier
   const MachineProfile m = cachedProfile(100.0, 2.0);
-  EXPECT_DOUBLE_EQ(memoryTimeScale(m, 50.0), 0.5);   // resident: 1 / gain
+  EXPECT_DOUBLE_EQ(memoryTimeScale(m, 50.0), 0.5);  // resident: 1 / gain
   EXPECT_DOUBLE_EQ(memoryTimeScale(m, 100.0), 0.5);
   EXPECT_DOUBLE_EQ(memoryTimeScale(m, 200.0), 0.75);  // half resident: 1 - 0.5 (1 - 1/2)
   EXPECT_DOUBLE_EQ(memoryTimeScale(m, 400.0), 0.875);
@@ -472,8 +470,7 @@ TEST(CostModelCache, ShmHalfStreamsHalfStaysInItsWindow) {
   const double full = 1.0 - (16.0 / 512) * 0.5;
   const double expected = 0.5 * (full + 0.5);
   EXPECT_NEAR(t(Collective::kAllReduce, Algorithm::kShm, n, oneNode(4), m),
-              expected * t(Collective::kAllReduce, Algorithm::kShm, n, oneNode(4), flat),
-              1e-9 * n);
+              expected * t(Collective::kAllReduce, Algorithm::kShm, n, oneNode(4), flat), 1e-9 * n);
 }
 
 TEST(CostModelGamma16, DefaultIsTheFloat32ElementRate) {
@@ -487,8 +484,7 @@ TEST(CostModelGamma16, DefaultIsTheFloat32ElementRate) {
   m.reduceBw16 = 0.25;  // slower conversions: (k-1)/k n (1/0.25 - 1/2) more
   const double slow = t(Collective::kAllReduce, Algorithm::kRing, n, s, m, DataType::kBFloat16);
   EXPECT_DOUBLE_EQ(slow - f32, 0.75 * n * (4.0 - 0.5));
-  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kRing, n, s, m, DataType::kFloat16),
-                   slow);
+  EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kRing, n, s, m, DataType::kFloat16), slow);
   // float32 and integers ignore it.
   EXPECT_DOUBLE_EQ(t(Collective::kAllReduce, Algorithm::kRing, n, s, m), f32);
 }
@@ -607,7 +603,8 @@ TEST(CostModelCorrections, GroupsSpanningNodesMatchTheirOwnShape) {
   // The same point on one node's group of 4 does not apply there (node count differs).
   EXPECT_DOUBLE_EQ(
       predict(Collective::kAllReduce, Algorithm::kRhd, 1 << 20, DataType::kFloat32, oneNode(4), m),
-      predict(Collective::kAllReduce, Algorithm::kRhd, 1 << 20, DataType::kFloat32, oneNode(4), plain));
+      predict(Collective::kAllReduce, Algorithm::kRhd, 1 << 20, DataType::kFloat32, oneNode(4),
+              plain));
 }
 
 TEST(CostModelCorrections, OnlyMatchingPointsApply) {
@@ -621,15 +618,18 @@ TEST(CostModelCorrections, OnlyMatchingPointsApply) {
   // The other float width: its points apply while the call's own width has none.
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kBFloat16),
                    3.0 * ringAR(1024, plain, true, DataType::kBFloat16));
-  EXPECT_DOUBLE_EQ(
-      predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32, oneNode(4), m, true),
-      predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32, oneNode(4), plain, true));
-  EXPECT_DOUBLE_EQ(
-      predict(Collective::kAllReduce, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(2), m, true),
-      predict(Collective::kAllReduce, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(2), plain, true));
-  EXPECT_DOUBLE_EQ(
-      predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(4), m, true),
-      predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32, oneNode(4), plain, true));
+  EXPECT_DOUBLE_EQ(predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32,
+                           oneNode(4), m, true),
+                   predict(Collective::kAllReduce, Algorithm::kRhd, 1024, DataType::kFloat32,
+                           oneNode(4), plain, true));
+  EXPECT_DOUBLE_EQ(predict(Collective::kAllReduce, Algorithm::kRing, 1024, DataType::kFloat32,
+                           oneNode(2), m, true),
+                   predict(Collective::kAllReduce, Algorithm::kRing, 1024, DataType::kFloat32,
+                           oneNode(2), plain, true));
+  EXPECT_DOUBLE_EQ(predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32,
+                           oneNode(4), m, true),
+                   predict(Collective::kAllGather, Algorithm::kRing, 1024, DataType::kFloat32,
+                           oneNode(4), plain, true));
   // Once the call's own width has points, only they apply, to every size (held below).
   m.corrections.push_back(point(Algorithm::kRing, 4096, 0.25, true, /*half16=*/true));
   EXPECT_DOUBLE_EQ(ringAR(1024, m, true, DataType::kFloat16),
@@ -653,12 +653,15 @@ TEST(CostModelCorrections, TheyDecideTheChoiceAndExplainShowsThem) {
   for (Algorithm a : kConcrete) {
     if (a != plainChoice) m.corrections.push_back(point(a, double(n), 10.0, true));
   }
-  EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true), plainChoice);
+  EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true),
+            plainChoice);
   m.corrections.push_back(point(plainChoice, double(n), 100.0, true));
-  EXPECT_NE(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true), plainChoice);
+  EXPECT_NE(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true),
+            plainChoice);
   // Out of place with points of its own, all exact: the plain model's choice.
   for (Algorithm a : kConcrete) m.corrections.push_back(point(a, double(n), 1.0, false));
-  EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, false), plainChoice);
+  EXPECT_EQ(choose(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, false),
+            plainChoice);
   for (const Prediction& p :
        candidates(Collective::kAllReduce, n, DataType::kFloat32, oneNode(4), m, true)) {
     if (!p.supported) continue;

@@ -8,10 +8,8 @@
 namespace {
 
 TEST(MpiLibrary, FamilyFromVersionString) {
-  EXPECT_EQ(fourd::mpiFamily("MPICH Version:      5.0.2\nMPICH Release date: unreleased"),
-            "MPICH");
-  EXPECT_EQ(fourd::mpiFamily("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4"),
-            "Open MPI");
+  EXPECT_EQ(fourd::mpiFamily("MPICH Version:      5.0.2\nMPICH Release date: unreleased"), "MPICH");
+  EXPECT_EQ(fourd::mpiFamily("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4"), "Open MPI");
   EXPECT_EQ(fourd::mpiFamily("Intel(R) MPI Library 2021.10 for Linux* OS"), "MPICH");
   EXPECT_EQ(fourd::mpiFamily("MVAPICH2 Version      :\t2.3.7"), "MPICH");
   EXPECT_EQ(fourd::mpiFamily("some other MPI 1.0"), "");

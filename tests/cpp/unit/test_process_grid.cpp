@@ -3,10 +3,10 @@
 
 #include <set>
 
+#include "../grid_shapes.hpp"
 #include "fourd/error.hpp"
 #include "fourd/process_grid.hpp"
 #include "fourd/topology.hpp"
-#include "../grid_shapes.hpp"
 
 using namespace fourd;
 

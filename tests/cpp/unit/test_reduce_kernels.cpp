@@ -20,10 +20,14 @@ template <typename T>
 T ref(T a, T b, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<T>(a + b);
-    case ReduceOp::kProd: return static_cast<T>(a * b);
-    case ReduceOp::kMin: return std::min(a, b);
-    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kAvg:
+      return static_cast<T>(a + b);
+    case ReduceOp::kProd:
+      return static_cast<T>(a * b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
   }
   return a;
 }
@@ -112,8 +116,7 @@ TEST(ReduceKernels, SixteenBitReduceManyAccumulatesInFloat32) {
         y[i] = conv(static_cast<float>(i % 4));
       }
       reduce2(z.data(), x.data(), y.data(), 1001, dt, op);
-      for (int i = 0; i < 1001; ++i)
-        ASSERT_EQ(back(z[i]), ref<float>(back(x[i]), back(y[i]), op));
+      for (int i = 0; i < 1001; ++i) ASSERT_EQ(back(z[i]), ref<float>(back(x[i]), back(y[i]), op));
     }
   }
 }

@@ -77,9 +77,9 @@ TEST(Tuner, EveryCallThatMovesDataIsTunedOnGroupsOfTwoOrMore) {
   EXPECT_TRUE(t.tunes(1, 2));
   EXPECT_TRUE(t.tunes(4096, 8));
   EXPECT_TRUE(t.tunes(size_t(1) << 30, 2));
-  EXPECT_FALSE(t.tunes(0, 2));        // nothing to time
-  EXPECT_FALSE(t.tunes(4096, 1));     // nothing to choose
-  t.setEnabled(false);                // FOURD_TUNE=0
+  EXPECT_FALSE(t.tunes(0, 2));     // nothing to time
+  EXPECT_FALSE(t.tunes(4096, 1));  // nothing to choose
+  t.setEnabled(false);             // FOURD_TUNE=0
   EXPECT_FALSE(t.tunes(4096, 2));
 }
 
@@ -157,7 +157,7 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
         EXPECT_TRUE(got.empty());
         continue;
       }
-      ASSERT_EQ(got.size(), 3u);  // the last timed call hands back every figure:
+      ASSERT_EQ(got.size(), 3u);     // the last timed call hands back every figure:
       for (int k = 0; k < 3; ++k) {  // the better pass's median (the upper middle of 12)
         EXPECT_DOUBLE_EQ(got[k], std::min(pass1[k], pass2[k]) + 0.1 * (timed / 2));
       }
@@ -166,7 +166,7 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
   }
   EXPECT_EQ(made, 1);
   const auto r = t.report(kKey, prof);
-  EXPECT_EQ(r.state, "provisional");  // rhd over ring, the model's choice: re-checked later
+  EXPECT_EQ(r.state, "provisional");      // rhd over ring, the model's choice: re-checked later
   EXPECT_EQ(r.settled, Algorithm::kRhd);  // 1.1 against ring's 3.1 and shm's 2.1
   EXPECT_EQ(r.candidates, cands);
   ASSERT_EQ(r.seconds.size(), 3u);
@@ -229,7 +229,8 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
   EXPECT_EQ(r.state, "settled");
   EXPECT_EQ(r.settled, Algorithm::kFlat);
   EXPECT_EQ(r.seconds, (std::vector<double>{1.0, 1.5}));
-  for (int i = 0; i < 3 * calls; ++i) EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kFlat);
+  for (int i = 0; i < 3 * calls; ++i)
+    EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kFlat);
   EXPECT_EQ(t.report(big, prof).state, "settled");
   // Keeping the model's choice is final at once.
   Tuner u;

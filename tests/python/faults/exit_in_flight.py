@@ -27,9 +27,11 @@ works = [fourd.all_reduce(b, "x" if i % 2 else "world", async_op=True) for i, b 
 if mode == "finalize":
     want = sum(r + 1 for r in g.ranks("world"))
     ok = fourd.finalize()
-    say(f"rank {g.world_rank}: finalize={ok} done={all(w.is_completed() for w in works)} "
-          f"threads_before={before} threads_after={threads()} "
-          f"correct={bool(bufs[0][0] == want)}")
+    say(
+        f"rank {g.world_rank}: finalize={ok} done={all(w.is_completed() for w in works)} "
+        f"threads_before={before} threads_after={threads()} "
+        f"correct={bool(bufs[0][0] == want)}"
+    )
     try:
         fourd.all_reduce(bufs[0], "x")
     except fourd.NotInitializedError as e:

@@ -16,6 +16,7 @@ def say(msg):
     """One write per line, so lines of different ranks never interleave."""
     os.write(1, (msg + "\n").encode())
 
+
 g = fourd.init(timeout=60)
 me = g.world_rank
 a = np.ones(1000, np.float32)

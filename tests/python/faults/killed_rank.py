@@ -14,6 +14,7 @@ def say(msg):
     """One write per line, so lines of different ranks never interleave."""
     os.write(1, (msg + "\n").encode())
 
+
 g = fourd.init(timeout=20)
 me = g.world_rank
 a = np.ones(8 << 20, np.float32)  # 32 MiB

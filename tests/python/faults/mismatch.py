@@ -15,6 +15,7 @@ def say(msg):
     """One write per line, so lines of different ranks never interleave."""
     os.write(1, (msg + "\n").encode())
 
+
 kind = sys.argv[1]  # "count" or "dtype"
 g = fourd.init(timeout=3)
 me = g.world_rank

@@ -16,6 +16,7 @@ def say(msg):
     """One write per line, so lines of different ranks never interleave."""
     os.write(1, (msg + "\n").encode())
 
+
 DEADLINE = float(sys.argv[1]) if len(sys.argv) > 1 else 2.0
 ALGO = sys.argv[2] if len(sys.argv) > 2 else "flat"
 size = MPI.COMM_WORLD.Get_size()
@@ -32,8 +33,14 @@ if me != skipper:
     except fourd.TimeoutError as e:
         dt = time.monotonic() - t0
         msg = str(e)
-        ok = all(s in msg for s in ("all_reduce", "axis 'world'", "seq 1", "timed out after")) and dt < DEADLINE + 2
-        say(f"rank {me}: TIMEOUT-OK={ok} elapsed={dt:.2f} isinstance_builtin={isinstance(e, TimeoutError)} msg={msg}")
+        ok = (
+            all(s in msg for s in ("all_reduce", "axis 'world'", "seq 1", "timed out after"))
+            and dt < DEADLINE + 2
+        )
+        say(
+            f"rank {me}: TIMEOUT-OK={ok} elapsed={dt:.2f} "
+            f"isinstance_builtin={isinstance(e, TimeoutError)} msg={msg}"
+        )
     t1 = time.monotonic()
     try:
         fourd.all_reduce(a, "world")

@@ -16,6 +16,7 @@ def say(msg):
     """One write per line, so lines of different ranks never interleave."""
     os.write(1, (msg + "\n").encode())
 
+
 TOTAL = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
 WINDOW = 16
 
@@ -58,7 +59,7 @@ for i in range(TOTAL):
     p = len(ranks)
     base = (np.arange(n) % 5).astype(np.float64)
 
-    def mk(vals):
+    def mk(vals, dt=dt):
         return torch.from_numpy(vals).to(dt) if isinstance(dt, torch.dtype) else vals.astype(dt)
 
     if kind == "all_reduce":
@@ -90,9 +91,11 @@ for w, item in pending:
 rss_end, threads_end = rss_kib(), threads()
 growth = (rss_end - rss_warm) / rss_warm
 ok = fourd.finalize()
-say(f"rank {me}: SOAK checked={checked} rss_warm_kib={rss_warm} rss_end_kib={rss_end} "
-      f"growth={100 * growth:.2f}% threads_warm={threads_warm} threads_end={threads_end} "
-      f"finalize={ok}")
+say(
+    f"rank {me}: SOAK checked={checked} rss_warm_kib={rss_warm} rss_end_kib={rss_end} "
+    f"growth={100 * growth:.2f}% threads_warm={threads_warm} threads_end={threads_end} "
+    f"finalize={ok}"
+)
 assert checked == TOTAL
 assert growth < 0.05, growth
 assert threads_end <= threads_warm, (threads_warm, threads_end)

@@ -28,8 +28,18 @@ ME = WORLD.Get_rank()
 ALGOS = ["flat", "ring", "rhd", "hierarchical", "shm"]
 COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter"]
 ORDERS = ["x-y-z-data", "data-z-y-x", "z-x-data-y"]
-AXES = ["x", "y", "z", "data", "world", ("x", "y"), ("z", "data"), ("x", "y", "z"), ("y", "data"),
-        ("x", "data")]
+AXES = [
+    "x",
+    "y",
+    "z",
+    "data",
+    "world",
+    ("x", "y"),
+    ("z", "data"),
+    ("x", "y", "z"),
+    ("y", "data"),
+    ("x", "data"),
+]
 DTYPES = [np.float32, np.float64, np.float16, torch.bfloat16, np.int8, np.uint8, np.int32, np.int64]
 OPS = ["sum", "prod", "min", "max", "avg"]
 COUNTS = [0, 1, 7, 13, 1001]
@@ -37,8 +47,13 @@ BIG = 2**20 + 3
 
 
 def factorizations(n):
-    return [(x, y, z, n // (x * y * z)) for x in range(1, n + 1) for y in range(1, n + 1)
-            for z in range(1, n + 1) if n % (x * y * z) == 0]
+    return [
+        (x, y, z, n // (x * y * z))
+        for x in range(1, n + 1)
+        for y in range(1, n + 1)
+        for z in range(1, n + 1)
+        if n % (x * y * z) == 0
+    ]
 
 
 def rpn_values(n):
@@ -130,7 +145,7 @@ def run_one(g, algo, coll, axis, dt, op, count, inplace, what):
     elif coll == "all_gather":
         out = zeros(dt, count * p)
         if inplace and count:
-            blk = out[gr * count:(gr + 1) * count]
+            blk = out[gr * count : (gr + 1) * count]
             blk[:] = make(dt, values(ME, count))
             fourd.all_gather(out, blk, axis, algorithm=algo)
         else:
@@ -141,7 +156,7 @@ def run_one(g, algo, coll, axis, dt, op, count, inplace, what):
         inp = make(dt, values(ME, count * p))
         out = zeros(dt, count)
         fourd.reduce_scatter(out, inp, axis, op, algorithm=algo)
-        check(out, oracle(op, ranks, count * p)[gr * count:(gr + 1) * count], op, dt, what)
+        check(out, oracle(op, ranks, count * p)[gr * count : (gr + 1) * count], op, dt, what)
 
 
 def _native_all_reduce(g, src, dst, axis, op, algo):
@@ -163,8 +178,9 @@ def cases():
     return out
 
 
-@pytest.mark.parametrize("case", cases(),
-                         ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}-rpn{c[2]}")
+@pytest.mark.parametrize(
+    "case", cases(), ids=lambda c: f"{'x'.join(map(str, c[0]))}-{c[1]}-rpn{c[2]}"
+)
 def test_sweep(case):
     sizes, order, rpn, k = case
     x, y, z, d = sizes
@@ -186,8 +202,10 @@ def test_sweep(case):
                     op = "max"
                 count = COUNTS[(s // 2) % len(COUNTS)]
                 inplace = (s // 5) % 2 == 0
-                what = (f"{algo} {coll} axis={axis} p={p} dtype={dt} op={op} count={count} "
-                        f"inplace={inplace}")
+                what = (
+                    f"{algo} {coll} axis={axis} p={p} dtype={dt} op={op} count={count} "
+                    f"inplace={inplace}"
+                )
                 ok, reason = sup[algo]
                 if not ok and p > 1:
                     # An explicit request for an algorithm that cannot run here names the reason.
@@ -217,8 +235,9 @@ def test_large_counts_every_algorithm():
             for j, coll in enumerate(COLLECTIVES):
                 dt = [np.float32, torch.bfloat16, np.int32][(i + j) % 3]
                 count = BIG if coll == "all_reduce" else BIG // p + 1
-                run_one(g, algo, coll, axis, dt, "sum", count, (i + j) % 2 == 0,
-                        f"{algo} {coll} {axis}")
+                run_one(
+                    g, algo, coll, axis, dt, "sum", count, (i + j) % 2 == 0, f"{algo} {coll} {axis}"
+                )
         fourd.finalize()
     assert not todo, todo
 
@@ -238,7 +257,7 @@ def test_accumulate_fp32_every_algorithm():
 
 def test_auto_always_picks_a_supported_algorithm():
     sizes = [0, 1, 64, 4096, 65536, 2**20, 2**24, 2**28]
-    for rpn in (rpn_values(N) if N <= 4 else [None, 2, 3]):
+    for rpn in rpn_values(N) if N <= 4 else [None, 2, 3]:
         g = fourd.init(x=2 if N % 2 == 0 else 1, y=2 if N % 4 == 0 else 1, ranks_per_node=rpn)
         for mask in range(1, 16):
             axis = tuple(a for b, a in zip((1, 2, 4, 8), ("x", "y", "z", "data")) if mask & b)
@@ -250,7 +269,7 @@ def test_auto_always_picks_a_supported_algorithm():
                     if g.size(axis) > 1:
                         assert rows[e["choice"]]["supported"], e
                     # The choice is the cheapest supported prediction.
-                    best = min((r["predicted_s"] for r in rows.values() if r["supported"]))
+                    best = min(r["predicted_s"] for r in rows.values() if r["supported"])
                     if g.size(axis) > 1:
                         assert rows[e["choice"]]["predicted_s"] <= best * (1 + 1e-12), e
             # And `auto` runs there.
@@ -276,8 +295,9 @@ def test_unsupported_algorithms_raise_with_the_reason():
     if N >= 4:
         g = fourd.init(x=N, ranks_per_node=3)  # uneven nodes
         with pytest.raises(fourd.InvalidArgumentError, match="hierarchical.*different numbers"):
-            fourd.reduce_scatter(np.zeros(1, np.int32), np.ones(N, np.int32), "x",
-                                 algorithm="hierarchical")
+            fourd.reduce_scatter(
+                np.zeros(1, np.int32), np.ones(N, np.int32), "x", algorithm="hierarchical"
+            )
         fourd.finalize()
     del g
 
@@ -303,8 +323,11 @@ def test_async_in_flight_on_several_axes(algo):
         works.append(fourd.all_reduce(t, axis, algorithm=algo, async_op=True))
         bufs.append((axis, t, i))
         o = torch.zeros(3 * g.size(axis), dtype=torch.int32)
-        works.append(fourd.all_gather(o, torch.full((3,), ME, dtype=torch.int32), axis,
-                                      algorithm=algo, async_op=True))
+        works.append(
+            fourd.all_gather(
+                o, torch.full((3,), ME, dtype=torch.int32), axis, algorithm=algo, async_op=True
+            )
+        )
         bufs.append((axis, o, -1))
     for w in works:
         w.wait(timeout=120)
@@ -341,8 +364,10 @@ def test_async_issue_order_per_group(algo):
         p = g.size(axis)
         ranks = g.ranks(axis)
         t = torch.full((4097,), ME + 1, dtype=torch.int64)
-        works = [fourd.all_reduce(t, axis, op, algorithm=algo, async_op=True)
-                 for op in ("sum", "prod", "sum", "max")]
+        works = [
+            fourd.all_reduce(t, axis, op, algorithm=algo, async_op=True)
+            for op in ("sum", "prod", "sum", "max")
+        ]
         # Another axis in flight meanwhile.
         other = torch.full((999,), ME + 1, dtype=torch.int64)
         wo = fourd.all_reduce(other, "world", algorithm="auto", async_op=True)
@@ -358,6 +383,7 @@ def test_async_issue_order_per_group(algo):
 
 # ---- auto's tuning in use (cpp/src/internal/tuner.hpp) ----------------------------------------
 
+
 def _tied_profile(g, calls):
     """Gives the grid a profile under which, for each (axis, nbytes, in_place, dtype) of
     `calls`, every supported algorithm is predicted alike for that all_reduce (measured
@@ -367,13 +393,25 @@ def _tied_profile(g, calls):
     g.set_profile({"corrections": []})
     corr = []
     for axis, nbytes, in_place, dtype in calls:
-        rows = [r for r in g.explain("all_reduce", nbytes, axis, dtype, in_place)["candidates"]
-                if r["supported"]]
+        rows = [
+            r
+            for r in g.explain("all_reduce", nbytes, axis, dtype, in_place)["candidates"]
+            if r["supported"]
+        ]
         best = min(r["predicted_s"] for r in rows)
-        corr += [{"collective": "all_reduce", "algorithm": r["algorithm"],
-                  "group_size": g.size(axis), "nodes": g.topology(axis)["num_nodes"],
-                  "half16": False, "in_place": in_place, "nbytes": float(nbytes),
-                  "factor": best / r["predicted_s"]} for r in rows]
+        corr += [
+            {
+                "collective": "all_reduce",
+                "algorithm": r["algorithm"],
+                "group_size": g.size(axis),
+                "nodes": g.topology(axis)["num_nodes"],
+                "half16": False,
+                "in_place": in_place,
+                "nbytes": float(nbytes),
+                "factor": best / r["predicted_s"],
+            }
+            for r in rows
+        ]
     g.set_profile({"corrections": corr})
     return saved
 
@@ -415,8 +453,9 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
             assert states == ["exploring"] * (e - 1) + ["settled"], (states, cands)
         else:  # a switch: run provisionally, then explored again before it is final (which
             # may keep it, or return to the model's choice)
-            assert states == ["exploring"] * (e - 1) + ["provisional"] * (4 * e + 1) + \
-                ["rechecking"] * (e - 1) + ["settled"], (states, cands)
+            assert states == ["exploring"] * (e - 1) + ["provisional"] * (4 * e + 1) + [
+                "rechecking"
+            ] * (e - 1) + ["settled"], (states, cands)
         assert len(tu["measured_s"]) == len(cands) and all(s > 0 for s in tu["measured_s"]), tu
         assert tu["settled"] in cands
         # The group's common times (a MAX all-reduce): every member settles alike.
@@ -428,11 +467,14 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
         for i in range(3):  # later calls run the settled algorithm, exact
             t = make(np.int32, values(ME, count, 50 + i))
             fourd.all_reduce(t, axis, algorithm="auto")
-            check(t, oracle("sum", g.ranks(axis), count, 50 + i), "sum", np.int32, f"{axis} settled")
+            check(
+                t, oracle("sum", g.ranks(axis), count, 50 + i), "sum", np.int32, f"{axis} settled"
+            )
         g.set_profile(saved)
         # A new profile prices the shortlists anew.
-        assert g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]["state"] == \
-            "not yet run"
+        assert (
+            g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]["state"] == "not yet run"
+        )
     # A call that moves nothing has nothing to time.
     assert g.explain("all_reduce", 0, "world")["tuning"]["state"] == "off"
     fourd.finalize()
@@ -455,8 +497,10 @@ def test_auto_tuning_with_operations_in_flight_on_several_axes():
         bufs.append((axis, t, i))
     # Issue order per group holds through the tuning: sum, prod, sum, max on one buffer.
     t = torch.full((count,), ME + 1, dtype=torch.int64)
-    ordered = [fourd.all_reduce(t, axes[0], op, algorithm="auto", async_op=True)
-               for op in ("sum", "prod", "sum", "max")]
+    ordered = [
+        fourd.all_reduce(t, axes[0], op, algorithm="auto", async_op=True)
+        for op in ("sum", "prod", "sum", "max")
+    ]
     for w in works + ordered:
         w.wait(timeout=180)
         assert w.is_completed()

@@ -23,8 +23,16 @@ ME = WORLD.Get_rank()
 ORDERS = ["x-y-z-data", "data-z-y-x", "z-x-data-y", "y-data-x-z"]
 AXES = ["x", "y", "z", "data", "world", ("x", "y"), ("z", "data"), ("x", "y", "z"), ("y", "data")]
 NP_DTYPES = [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64]
-TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-                torch.int32, torch.int64]
+TORCH_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+]
 OPS = ["sum", "prod", "min", "max", "avg"]
 COUNTS = [0, 1, 7, 1000]
 BIG = 2**20 + 3
@@ -64,15 +72,23 @@ def oracle(op, ranks, count, offset=0):
 
 
 def is_float(dt):
-    return dt in (np.float32, np.float64, np.float16) or dt in (torch.float32, torch.float64, torch.float16,
-                                                                 torch.bfloat16)
+    return dt in (np.float32, np.float64, np.float16) or dt in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+    )
 
 
 def legal(op, dt, group):
     if op == "avg" and not is_float(dt):
         return False
-    if op == "prod" and group > 3 and dt in (np.int8, np.uint8, np.float16, torch.int8, torch.uint8,
-                                              torch.float16, torch.bfloat16):
+    if (
+        op == "prod"
+        and group > 3
+        and dt
+        in (np.int8, np.uint8, np.float16, torch.int8, torch.uint8, torch.float16, torch.bfloat16)
+    ):
         return False  # 4**8 overflows these types; not a fourd limitation
     return True
 
@@ -101,7 +117,7 @@ def plan():
     cases = []
     counter = itertools.count()
     for sizes in factorizations(N):
-        for oi, order in enumerate(ORDERS[:3]):
+        for order in ORDERS[:3]:
             for rpn in rpn_values(N):
                 k = next(counter)
                 cases.append((sizes, order, rpn, k))
@@ -135,7 +151,7 @@ def test_sweep(case):
         out = make(lib, dt, np.zeros(count * p))
         if inplace and count:
             gr = g.rank(axis)
-            blk = out[gr * count:(gr + 1) * count]
+            blk = out[gr * count : (gr + 1) * count]
             blk[:] = make(lib, dt, values(ME, count))
             fourd.all_gather(out, blk, axis)
         else:
@@ -148,7 +164,7 @@ def test_sweep(case):
             o = make(lib, dt, np.zeros(count))
             fourd.reduce_scatter(o, inp, axis, op)
             gr = g.rank(axis)
-            check(o, oracle(op, ranks, count * p)[gr * count:(gr + 1) * count], op, dt)
+            check(o, oracle(op, ranks, count * p)[gr * count : (gr + 1) * count], op, dt)
         # broadcast from the last group rank
         b = make(lib, dt, values(ME, max(count, 1)))
         fourd.broadcast(b, p - 1, axis)
@@ -174,7 +190,7 @@ def test_large_counts(lib):
         o = make(lib, dt, np.zeros(BIG))
         fourd.reduce_scatter(o, inp, axis)
         gr = g.rank(axis)
-        check(o, oracle("sum", ranks, BIG * p)[gr * BIG:(gr + 1) * BIG], "sum", dt)
+        check(o, oracle("sum", ranks, BIG * p)[gr * BIG : (gr + 1) * BIG], "sum", dt)
     fourd.finalize()
 
 
@@ -219,8 +235,13 @@ def test_init_from_a_plan():
         algorithms = {"x": "flat", "data": "flat", "y": "-", "z": "-"}
 
         def grid_kwargs(self):
-            return {"x": 2 if N % 2 == 0 else 1, "y": 1, "z": 1, "data": N // (2 if N % 2 == 0 else 1),
-                    "order": "data-x-y-z"}
+            return {
+                "x": 2 if N % 2 == 0 else 1,
+                "y": 1,
+                "z": 1,
+                "data": N // (2 if N % 2 == 0 else 1),
+                "order": "data-x-y-z",
+            }
 
     g = fourd.init(plan=Choice())
     assert g.order == "data-x-y-z"
@@ -242,7 +263,7 @@ def test_in_place_reduce_scatter(algorithm):
         p, gr = g.size(axis), g.rank(axis)
         for count in (1, 7, 1000):
             buf = torch.from_numpy(values(ME, count * p)).to(torch.float32)
-            fourd.reduce_scatter(buf[gr * count:(gr + 1) * count], buf, axis, algorithm=algorithm)
-            want = oracle("sum", g.ranks(axis), count * p)[gr * count:(gr + 1) * count]
-            check(buf[gr * count:(gr + 1) * count], want, "sum", torch.float32)
+            fourd.reduce_scatter(buf[gr * count : (gr + 1) * count], buf, axis, algorithm=algorithm)
+            want = oracle("sum", g.ranks(axis), count * p)[gr * count : (gr + 1) * count]
+            check(buf[gr * count : (gr + 1) * count], want, "sum", torch.float32)
     fourd.finalize()

@@ -40,7 +40,14 @@ def test_axis_and_op_and_algorithm(grid):
     expect(fourd.InvalidArgumentError, ["axis", "'q'"], fourd.all_reduce, a, "q")
     expect(ValueError, ["axis", "('x', 'w')"], fourd.all_reduce, a, ("x", "w"))
     expect(fourd.InvalidArgumentError, ["op", "'xor'"], fourd.all_reduce, a, "x", "xor")
-    expect(fourd.InvalidArgumentError, ["algorithm", "'magic'"], fourd.all_reduce, a, "x", algorithm="magic")
+    expect(
+        fourd.InvalidArgumentError,
+        ["algorithm", "'magic'"],
+        fourd.all_reduce,
+        a,
+        "x",
+        algorithm="magic",
+    )
     expect(fourd.InvalidArgumentError, ["timeout"], fourd.all_reduce, a, "x", timeout=-1)
     still_works(grid)
 
@@ -59,32 +66,84 @@ def test_tensor_properties(grid):
     rg = torch.ones(4, requires_grad=True)
     expect(fourd.InvalidArgumentError, ["tensor", "requires grad"], fourd.all_reduce, rg, "x")
     # wrong device (meta tensors stand in for devices this build cannot use)
-    expect(fourd.InvalidArgumentError, ["tensor", "device"], fourd.all_reduce, torch.ones(4, device="meta"), "x")
+    expect(
+        fourd.InvalidArgumentError,
+        ["tensor", "device"],
+        fourd.all_reduce,
+        torch.ones(4, device="meta"),
+        "x",
+    )
     # unsupported types
-    expect(fourd.DTypeError, ["tensor", "complex"], fourd.all_reduce, torch.ones(4, dtype=torch.complex64), "x")
+    expect(
+        fourd.DTypeError,
+        ["tensor", "complex"],
+        fourd.all_reduce,
+        torch.ones(4, dtype=torch.complex64),
+        "x",
+    )
     expect(TypeError, ["tensor", "list"], fourd.all_reduce, [1, 2, 3], "x")
     # avg on integers
-    expect(fourd.InvalidArgumentError, ["op", "avg", "int32"], fourd.all_reduce, np.ones(4, np.int32), "x", "avg")
+    expect(
+        fourd.InvalidArgumentError,
+        ["op", "avg", "int32"],
+        fourd.all_reduce,
+        np.ones(4, np.int32),
+        "x",
+        "avg",
+    )
     still_works(grid)
 
 
 def test_sizes_dtypes_overlap(grid):
     p = grid.size("world")
     inp = np.ones(4, np.float32)
-    expect(fourd.InvalidArgumentError, ["output", f"{4 * p}", "found 5"], fourd.all_gather,
-           np.zeros(5, np.float32), inp, "world")
-    expect(fourd.DTypeError, ["output", "float32", "float64"], fourd.all_gather,
-           np.zeros(4 * p, np.float64), inp, "world")
+    expect(
+        fourd.InvalidArgumentError,
+        ["output", f"{4 * p}", "found 5"],
+        fourd.all_gather,
+        np.zeros(5, np.float32),
+        inp,
+        "world",
+    )
+    expect(
+        fourd.DTypeError,
+        ["output", "float32", "float64"],
+        fourd.all_gather,
+        np.zeros(4 * p, np.float64),
+        inp,
+        "world",
+    )
     if p > 1:
-        expect(fourd.InvalidArgumentError, ["input", "not divisible"], fourd.reduce_scatter,
-               np.zeros(1, np.float32), np.ones(4 * p + 1, np.float32), "world")
-    expect(fourd.InvalidArgumentError, ["input", "expected"], fourd.reduce_scatter,
-           np.zeros(2, np.float32), np.ones(4 * p, np.float32), "world")
+        expect(
+            fourd.InvalidArgumentError,
+            ["input", "not divisible"],
+            fourd.reduce_scatter,
+            np.zeros(1, np.float32),
+            np.ones(4 * p + 1, np.float32),
+            "world",
+        )
+    expect(
+        fourd.InvalidArgumentError,
+        ["input", "expected"],
+        fourd.reduce_scatter,
+        np.zeros(2, np.float32),
+        np.ones(4 * p, np.float32),
+        "world",
+    )
     big = np.zeros(8 * p, np.float32)
     # Overlapping but not this rank's block (the in-place layout, which is allowed).
     expect(fourd.InvalidArgumentError, ["overlaps"], fourd.reduce_scatter, big[1:9], big, "world")
-    expect(fourd.InvalidArgumentError, ["overlaps"], fourd.all_gather, big[: 4 * p], big[1:5], "world")
-    expect(fourd.InvalidArgumentError, ["src", f"< {p}", f"found {p}"], fourd.broadcast, inp, p, "world")
+    expect(
+        fourd.InvalidArgumentError, ["overlaps"], fourd.all_gather, big[: 4 * p], big[1:5], "world"
+    )
+    expect(
+        fourd.InvalidArgumentError,
+        ["src", f"< {p}", f"found {p}"],
+        fourd.broadcast,
+        inp,
+        p,
+        "world",
+    )
     expect(fourd.InvalidArgumentError, ["src", "int"], fourd.broadcast, inp, "0", "world")
     still_works(grid)
 
@@ -104,15 +163,24 @@ def test_bad_grids_raise_on_every_rank():
     expect(fourd.InvalidArgumentError, ["x*y*z*data", f"{N}"], fourd.init, x=N + 1, data=1)
     expect(fourd.InvalidArgumentError, ["x", ">= 1", "found 0"], fourd.init, x=0, data=N)
     expect(fourd.InvalidArgumentError, ["x", "found -2"], fourd.init, x=-2, data=N)
-    expect(fourd.InvalidArgumentError, ["order", "x-y-z-data", "found 'x-y-z'"],
-           fourd.init, order="x-y-z")
+    expect(
+        fourd.InvalidArgumentError,
+        ["order", "x-y-z-data", "found 'x-y-z'"],
+        fourd.init,
+        order="x-y-z",
+    )
     expect(fourd.InvalidArgumentError, ["order"], fourd.init, order="x-y-y-data")
     expect(fourd.InvalidArgumentError, ["ranks_per_node", "found 0"], fourd.init, ranks_per_node=0)
     expect(fourd.InvalidArgumentError, ["y", "'2'"], fourd.init, y="2")
     if N > 1:
         # Ranks disagree: every rank raises MismatchError naming both sides.
         order = "data-z-y-x" if ME == 0 else "x-y-z-data"
-        e = expect(fourd.MismatchError, ["different grids", "data-z-y-x", "x-y-z-data"], fourd.init, order=order)
+        e = expect(
+            fourd.MismatchError,
+            ["different grids", "data-z-y-x", "x-y-z-data"],
+            fourd.init,
+            order=order,
+        )
         assert "world rank" in str(e)
     g = fourd.init()
     still_works(g)
@@ -124,8 +192,13 @@ def test_debug_fingerprints_catch_mismatched_calls():
         pytest.skip("needs 2 ranks")
     fourd.init(debug=True, timeout=20)
     a = np.ones(10 if ME == 0 else 11, np.float32)
-    e = expect(fourd.MismatchError, ["different collectives", "count 10", "count 11", "world ranks"],
-               fourd.all_reduce, a, "world")
+    e = expect(
+        fourd.MismatchError,
+        ["different collectives", "count 10", "count 11", "world ranks"],
+        fourd.all_reduce,
+        a,
+        "world",
+    )
     assert "this rank" in str(e)
     b = np.ones(10, np.float32 if ME == 0 else np.float64)
     expect(fourd.MismatchError, ["float32", "float64"], fourd.all_reduce, b, "world")

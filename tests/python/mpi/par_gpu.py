@@ -78,7 +78,9 @@ def _cases():
 
 
 def _same(a, b, what):
-    assert torch.equal(a.cpu(), b), f"{what}: first differences at {(a.cpu() != b).nonzero()[:5].flatten().tolist()}"
+    assert torch.equal(a.cpu(), b), (
+        f"{what}: first differences at {(a.cpu() != b).nonzero()[:5].flatten().tolist()}"
+    )
 
 
 @pytest.mark.parametrize(("dtype", "op", "count"), _cases())
@@ -105,7 +107,7 @@ def test_reduce_scatter(grid, dtype, op, count):
     _same(dev_out, want, f"reduce_scatter {op} {dtype} count {per}")
     # In place: the output is this rank's block of the input.
     dev_in = host.cuda()
-    block = dev_in[ME * per:(ME + 1) * per]
+    block = dev_in[ME * per : (ME + 1) * per]
     grid.reduce_scatter(block, dev_in, "data", op=op)
     torch.cuda.synchronize()
     _same(block, want, f"in-place reduce_scatter {op} {dtype} count {per}")
@@ -167,7 +169,9 @@ def test_explicit_algorithms(grid, algorithm):
     grid.all_reduce(want, "data")
     dev = host.cuda()
     if N > 1 and algorithm != "flat" and _backend_is_nccl():
-        with pytest.raises(fourd.InvalidArgumentError, match="cannot run on CUDA buffers with NCCL"):
+        with pytest.raises(
+            fourd.InvalidArgumentError, match="cannot run on CUDA buffers with NCCL"
+        ):
             grid.all_reduce(dev, "data", algorithm=algorithm)
         return
     grid.all_reduce(dev, "data", algorithm=algorithm)

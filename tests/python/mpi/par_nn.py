@@ -29,8 +29,13 @@ RTOL = 1e-5
 
 
 def factorizations(n):
-    return [(x, y, z, n // (x * y * z)) for x in range(1, n + 1) for y in range(1, n + 1)
-            for z in range(1, n + 1) if n % (x * y * z) == 0]
+    return [
+        (x, y, z, n // (x * y * z))
+        for x in range(1, n + 1)
+        for y in range(1, n + 1)
+        for z in range(1, n + 1)
+        if n % (x * y * z) == 0
+    ]
 
 
 GRIDS = factorizations(N)
@@ -41,8 +46,14 @@ CONFIGS = {
     "oag": {"all_gather": True},
     "oag2": {"all_gather": True, "prefetch_depth": 2},
     "dp": {"grad_reduce": True, "bucket_bytes": 512},
-    "all": {"all_reduce": True, "reduce_scatter": True, "all_gather": True, "prefetch_depth": 2,
-            "grad_reduce": True, "bucket_bytes": 512},
+    "all": {
+        "all_reduce": True,
+        "reduce_scatter": True,
+        "all_gather": True,
+        "prefetch_depth": 2,
+        "grad_reduce": True,
+        "bucket_bytes": 512,
+    },
 }
 
 
@@ -50,11 +61,11 @@ def close(actual, expected, what):
     """rtol 1e-5 elementwise; atol 1e-6 x the largest reference magnitude covers entries that
     cancel to ~0 (their absolute error is set by the size of the summands, not the result)."""
     atol = 1e-6 * max(float(expected.abs().max()), 1e-30)
-    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=atol,
-                               msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
 # ---- models ---------------------------------------------------------------------------------
+
 
 class MLPRef(torch.nn.Module):
     def __init__(self, h, f):
@@ -132,6 +143,7 @@ class Block4D(torch.nn.Module):
 
 # ---- harness --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", params=GRIDS, ids=lambda g: "x{}y{}z{}d{}".format(*g))
 def grid(request):
     x, y, z, d = request.param
@@ -145,7 +157,7 @@ def shard_rows(g, t):
     c, gz, gd = g.coords(), g.size("z"), g.size("data")
     s = c["data"] * gz + c["z"]
     n = t.shape[0] // (gz * gd)
-    return t[s * n:(s + 1) * n]
+    return t[s * n : (s + 1) * n]
 
 
 def feat(t, g, axis):
@@ -153,7 +165,7 @@ def feat(t, g, axis):
     n = g.size(axis)
     c = t.shape[-1] // n
     i = g.rank(axis)
-    return t[..., i * c:(i + 1) * c]
+    return t[..., i * c : (i + 1) * c]
 
 
 def expected_grad(mod4d, name, full):
@@ -167,7 +179,6 @@ def expected_grad(mod4d, name, full):
 
 def run_case(g, kind, cfg_name, steps=2, lr=0.05):
     torch.manual_seed(1234)
-    gx = g.size("x")
     if kind == "mlp":
         h, f, b = 16, 64, 16
         ref, mod = MLPRef(h, f), MLP4D(h, f)
@@ -248,6 +259,7 @@ def run_case(g, kind, cfg_name, steps=2, lr=0.05):
 
 # ---- tests ----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cfg", list(CONFIGS))
 def test_mlp_block(grid, cfg):
     run_case(grid, "mlp", cfg)
@@ -296,7 +308,8 @@ def test_oag_learns_execution_order_and_ors_keeps_hooks(grid):
         # the hooks a DDP/ZeRO-style wrapper would register on a weight
         mod.b.weight.register_hook(lambda gr: seen.append(("tensor", gr.clone())))
         mod.b.weight.register_post_accumulate_grad_hook(
-            lambda p: seen.append(("post", p.grad.clone())))
+            lambda p: seen.append(("post", p.grad.clone()))
+        )
         ov = fnn.overlap(mod, **cfg)
         grads = []
         with ov:
@@ -309,8 +322,16 @@ def test_oag_learns_execution_order_and_ors_keeps_hooks(grid):
                 mod.zero_grad(set_to_none=True)
         return mod, ov, seen, grads
 
-    mod, ov, seen, grads = run({"all_gather": True, "prefetch_depth": 2, "reduce_scatter": True,
-                                "all_reduce": True, "grad_reduce": True, "bucket_bytes": 256})
+    mod, ov, seen, grads = run(
+        {
+            "all_gather": True,
+            "prefetch_depth": 2,
+            "reduce_scatter": True,
+            "all_reduce": True,
+            "grad_reduce": True,
+            "bucket_bytes": 256,
+        }
+    )
     assert ov.learned_order == [mod.a, mod.b, mod.c]  # execution order, not registration
     if g.size("z") > 1:
         assert ov.stats["prefetched_forward"] >= 2 * 2, ov.stats  # steps 2, 3: positions 1, 2
@@ -324,9 +345,12 @@ def test_oag_learns_execution_order_and_ors_keeps_hooks(grid):
     ref_out = ref(xin)
     (ref_out * up).sum().backward()
     for step in range(3):
-        for n, p in mod.named_parameters():
-            close(grads[step][n], expected_grad(mod, n, dict(ref.named_parameters())[n].grad),
-                  f"chain step {step} {n}")
+        for n, _p in mod.named_parameters():
+            close(
+                grads[step][n],
+                expected_grad(mod, n, dict(ref.named_parameters())[n].grad),
+                f"chain step {step} {n}",
+            )
             close(grads_plain[step][n], grads[step][n], f"chain plain vs overlap {n}")
 
 
@@ -340,8 +364,14 @@ def test_gradient_accumulation_with_no_sync(grid):
     ups = [torch.randn(b, s, h) for _ in range(2)]
     for x, u in zip(xs, ups):
         (ref(x) * u).sum().backward()
-    ov = fnn.overlap(mod, all_reduce=True, reduce_scatter=True, all_gather=True,
-                     grad_reduce=True, bucket_bytes=512)
+    ov = fnn.overlap(
+        mod,
+        all_reduce=True,
+        reduce_scatter=True,
+        all_gather=True,
+        grad_reduce=True,
+        bucket_bytes=512,
+    )
     with ov:
         for step in range(2):
             with ov.no_sync():
@@ -349,8 +379,11 @@ def test_gradient_accumulation_with_no_sync(grid):
             (mod(shard_rows(g, xs[1])) * shard_rows(g, ups[1])).sum().backward()
             fnn.sync_gradients(mod)
             for n, p in mod.named_parameters():
-                close(p.grad, expected_grad(mod, n, dict(ref.named_parameters())[n].grad),
-                      f"accumulation step {step} {n}")
+                close(
+                    p.grad,
+                    expected_grad(mod, n, dict(ref.named_parameters())[n].grad),
+                    f"accumulation step {step} {n}",
+                )
             mod.zero_grad(set_to_none=True)
     if g.size(("z", "data")) > 1:
         assert ov.stats["buckets_early"] > 0, ov.stats
@@ -368,8 +401,9 @@ def test_linear_errors(grid):
         with pytest.raises(ValueError, match="in_features: a transposed .* splits it over y"):
             fnn.Linear(gy + 1, gx, transpose=True)
     if gz > 1:
-        with pytest.raises(ValueError,
-                           match=r"weight block \(1 x 1 = 1 elements\) is split over z"):
+        with pytest.raises(
+            ValueError, match=r"weight block \(1 x 1 = 1 elements\) is split over z"
+        ):
             fnn.Linear(gx, gy)
     lin = fnn.Linear(4 * gx, 4 * gy * gz)
     with pytest.raises(ValueError, match=f"expected a last dimension of {4}"):

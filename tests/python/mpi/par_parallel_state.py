@@ -18,8 +18,13 @@ ME = WORLD.Get_rank()
 
 
 def factorizations(n):
-    return [(x, y, z, n // (x * y * z)) for x in range(1, n + 1) for y in range(1, n + 1)
-            for z in range(1, n + 1) if n % (x * y * z) == 0]
+    return [
+        (x, y, z, n // (x * y * z))
+        for x in range(1, n + 1)
+        for y in range(1, n + 1)
+        for z in range(1, n + 1)
+        if n % (x * y * z) == 0
+    ]
 
 
 GRIDS = factorizations(N)
@@ -27,8 +32,7 @@ ORDERS = ["x-y-z-data", "data-z-y-x", "z-x-data-y"]
 CASES = [(g, ORDERS[i % len(ORDERS)]) for i, g in enumerate(GRIDS)]
 
 
-@pytest.fixture(scope="module", params=CASES,
-                ids=lambda c: "x{}y{}z{}d{}-{}".format(*c[0], c[1]))
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "x{}y{}z{}d{}-{}".format(*c[0], c[1]))
 def grid(request):
     (x, y, z, d), order = request.param
     g = ps.initialize(x=x, y=y, z=z, data=d, order=order)
@@ -42,6 +46,7 @@ def members(g, axes):
 
 
 # ---- parallel_state ------------------------------------------------------------------------
+
 
 def test_megatron_getters(grid):
     g = grid
@@ -79,8 +84,13 @@ def test_megatron_getters(grid):
 
 
 def test_groups_in_fourd_collectives(grid):
-    for grp in (ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group(),
-                ps.get_x_parallel_group(), ps.get_group(("z", "data")), ps.get_group("world")):
+    for grp in (
+        ps.get_tensor_model_parallel_group(),
+        ps.get_data_parallel_group(),
+        ps.get_x_parallel_group(),
+        ps.get_group(("z", "data")),
+        ps.get_group("world"),
+    ):
         t = torch.full((5,), float(ME + 1))
         fourd.all_reduce(t, grp)
         assert torch.equal(t, torch.full((5,), float(sum(r + 1 for r in grp.ranks()))))
@@ -91,9 +101,15 @@ def test_groups_in_fourd_collectives(grid):
 
 def test_torch_groups_from_mpi(grid):
     # torch.distributed comes up from MPI on first use, no MASTER_ADDR needed
-    for grp in (ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group(),
-                ps.get_x_parallel_group(), ps.get_y_parallel_group(), ps.get_z_parallel_group(),
-                ps.get_group(("z", "data")), ps.get_group("world")):
+    for grp in (
+        ps.get_tensor_model_parallel_group(),
+        ps.get_data_parallel_group(),
+        ps.get_x_parallel_group(),
+        ps.get_y_parallel_group(),
+        ps.get_z_parallel_group(),
+        ps.get_group(("z", "data")),
+        ps.get_group("world"),
+    ):
         pg = grp.torch_group()
         assert dist.is_initialized()
         assert grp.torch_group() is pg
@@ -182,21 +198,21 @@ def test_mappings(grid, spec):
     full = torch.arange(4 * 3 * P, dtype=torch.float32).view(4, 3 * P)
     x = full.clone().requires_grad_(True)
     y = tp.scatter_to_tensor_model_parallel_region(x, group=spec)
-    assert torch.equal(y, full[:, 3 * r:3 * r + 3])
+    assert torch.equal(y, full[:, 3 * r : 3 * r + 3])
     y.backward(torch.full((4, 3), me))
     assert torch.equal(x.grad, torch.tensor(val).repeat_interleave(3).expand(4, 3 * P))
 
     x = torch.full((4, 2), me, requires_grad=True)
     y = tp.gather_from_tensor_model_parallel_region(x, group=spec)
     assert torch.equal(y, torch.tensor(val).repeat_interleave(2).expand(4, 2 * P))
-    y.backward(full[:, :2 * P].contiguous())
-    assert torch.equal(x.grad, full[:, 2 * r:2 * r + 2])
+    y.backward(full[:, : 2 * P].contiguous())
+    assert torch.equal(x.grad, full[:, 2 * r : 2 * r + 2])
 
     # sequence parallel (first dim)
     full = torch.arange(2 * P * 3, dtype=torch.float32).view(2 * P, 3)
     x = full.clone().requires_grad_(True)
     y = tp.scatter_to_sequence_parallel_region(x, group=spec)
-    assert torch.equal(y, full[2 * r:2 * r + 2])
+    assert torch.equal(y, full[2 * r : 2 * r + 2])
     y.backward(torch.full((2, 3), me))
     assert torch.equal(x.grad, torch.tensor(val).repeat_interleave(2)[:, None].expand(2 * P, 3))
 
@@ -205,12 +221,12 @@ def test_mappings(grid, spec):
         y = tp.gather_from_sequence_parallel_region(x, reduce_grad, group=spec)
         assert torch.equal(y, torch.tensor(val).repeat_interleave(2)[:, None].expand(2 * P, 3))
         y.backward(full * me)
-        exp = full[2 * r:2 * r + 2] * (total if reduce_grad else me)
+        exp = full[2 * r : 2 * r + 2] * (total if reduce_grad else me)
         assert torch.equal(x.grad, exp)
 
     x = (full * me).requires_grad_(True)
     y = tp.reduce_scatter_to_sequence_parallel_region(x, group=spec)
-    assert torch.equal(y, full[2 * r:2 * r + 2] * total)
+    assert torch.equal(y, full[2 * r : 2 * r + 2] * total)
     y.backward(torch.full((2, 3), me))
     assert torch.equal(x.grad, torch.tensor(val).repeat_interleave(2)[:, None].expand(2 * P, 3))
 
@@ -220,11 +236,11 @@ def test_mappings(grid, spec):
     assert torch.equal(y, torch.tensor(val).repeat_interleave(2).expand(3, 2 * P))
     g2 = torch.arange(3 * 2 * P, dtype=torch.float32).view(3, 2 * P)
     y.backward(g2 * me)
-    assert torch.equal(x.grad, g2[:, 2 * r:2 * r + 2] * total)
+    assert torch.equal(x.grad, g2[:, 2 * r : 2 * r + 2] * total)
 
     x = (g2 * me).requires_grad_(True)
     y = tp.reduce_scatter_last_dim_to_tensor_parallel_region(x, group=spec)
-    assert torch.equal(y, g2[:, 2 * r:2 * r + 2] * total)
+    assert torch.equal(y, g2[:, 2 * r : 2 * r + 2] * total)
     y.backward(torch.full((3, 2), me))
     assert torch.equal(x.grad, torch.tensor(val).repeat_interleave(2).expand(3, 2 * P))
 
@@ -239,13 +255,15 @@ def test_mapping_group_objects_axes_and_noop(grid):
     one = [a for a in ("x", "y", "z", "data") if grid.size(a) == 1]
     for a in one:
         x = torch.ones(4, 4, requires_grad=True)
-        for fn in (tp.copy_to_tensor_model_parallel_region,
-                   tp.reduce_from_tensor_model_parallel_region,
-                   tp.scatter_to_tensor_model_parallel_region,
-                   tp.gather_from_tensor_model_parallel_region,
-                   tp.scatter_to_sequence_parallel_region,
-                   tp.gather_from_sequence_parallel_region,
-                   tp.reduce_scatter_to_sequence_parallel_region):
+        for fn in (
+            tp.copy_to_tensor_model_parallel_region,
+            tp.reduce_from_tensor_model_parallel_region,
+            tp.scatter_to_tensor_model_parallel_region,
+            tp.gather_from_tensor_model_parallel_region,
+            tp.scatter_to_sequence_parallel_region,
+            tp.gather_from_sequence_parallel_region,
+            tp.reduce_scatter_to_sequence_parallel_region,
+        ):
             assert fn(x, group=a) is x
 
 

@@ -42,7 +42,8 @@ def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch)
         assert all(d == mine for d in WORLD.allgather(mine)) and mine != defaults.to_dict()
         assert mine["ranks_per_node"] == N and mine["name"].startswith("calibrated:")
         assert mine["corrections"] and all(
-            (c["group_size"], c["nodes"]) == (N, 1) for c in mine["corrections"])
+            (c["group_size"], c["nodes"]) == (N, 1) for c in mine["corrections"]
+        )
         WORLD.Barrier()  # rank 0 has written the file
         assert store.load(path, version=store.VERSION)["intra_bw"] == mine["intra_bw"]
         monkeypatch.setenv("FOURD_CALIBRATE", "")
@@ -68,20 +69,42 @@ def test_auto_follows_measured_corrections_per_placement_at_once():
     plain_out = g.explain("all_reduce", n, "x")["choice"]  # the model alone
     for winner in ("ring", "rhd"):
         # Every other algorithm measured 100x slower in place than the model says.
-        corr = [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
-                 "half16": False, "in_place": True, "nbytes": float(n), "factor": 100.0}
-                for a in ("flat", "ring", "rhd", "shm") if a != winner]
+        corr = [
+            {
+                "collective": "all_reduce",
+                "algorithm": a,
+                "group_size": N,
+                "nodes": 1,
+                "half16": False,
+                "in_place": True,
+                "nbytes": float(n),
+                "factor": 100.0,
+            }
+            for a in ("flat", "ring", "rhd", "shm")
+            if a != winner
+        ]
         # Out of place: points of its own, all exact (without them the in-place ones apply).
-        corr += [{"collective": "all_reduce", "algorithm": a, "group_size": N, "nodes": 1,
-                  "half16": False, "in_place": False, "nbytes": float(n), "factor": 1.0}
-                 for a in ("flat", "ring", "rhd", "shm")]
+        corr += [
+            {
+                "collective": "all_reduce",
+                "algorithm": a,
+                "group_size": N,
+                "nodes": 1,
+                "half16": False,
+                "in_place": False,
+                "nbytes": float(n),
+                "factor": 1.0,
+            }
+            for a in ("flat", "ring", "rhd", "shm")
+        ]
         g.set_profile({"corrections": corr})
         e = g.explain("all_reduce", n, "x", in_place=True)
         assert e["choice"] == winner and e["in_place"], e
         assert g.algorithm_for("all_reduce", n, "x", in_place=True) == winner
         rows = {r["algorithm"]: r for r in e["candidates"]}
         assert rows[winner]["correction"] == 1.0 and all(
-            rows[a]["correction"] == 100.0 for a in ("flat", "ring", "rhd", "shm") if a != winner)
+            rows[a]["correction"] == 100.0 for a in ("flat", "ring", "rhd", "shm") if a != winner
+        )
         # Out of place, exact points: the model's choice.
         assert g.explain("all_reduce", n, "x")["choice"] == plain_out
         # auto runs (the per-communicator memo follows the new profile) and is exact.
@@ -118,27 +141,38 @@ def _check_raw_calls(cal, g, axis):
     p, r, ranks = g.size(axis), g.rank(axis), g.ranks(axis)
     count = 5 * p
     mine = values(ME, count).astype(np.float32)
-    for coll, in_place in (("all_reduce", False), ("all_reduce", True),
-                           ("all_gather", False), ("all_gather", True),
-                           ("reduce_scatter", False)):
+    for coll, in_place in (
+        ("all_reduce", False),
+        ("all_reduce", True),
+        ("all_gather", False),
+        ("all_gather", True),
+        ("reduce_scatter", False),
+    ):
         for algo in ("flat", "ring", "rhd") + (("hierarchical",) if len(axis) == 2 else ()):
             a_in, a_out = np.zeros(count * 4, np.uint8), np.zeros(count * 4, np.uint8)
             src, out = a_in.view(np.float32), a_out.view(np.float32)
             src[:] = mine
             if coll == "all_gather" and in_place:
-                out[r * 5:(r + 1) * 5] = mine[:5]
-            cal._raw_call(g, axis, coll, algo, a_in, a_out, count, np.float32, "float32",
-                          in_place)()
+                out[r * 5 : (r + 1) * 5] = mine[:5]
+            cal._raw_call(
+                g, axis, coll, algo, a_in, a_out, count, np.float32, "float32", in_place
+            )()
             what = f"raw {coll} {algo} {axis} in_place={in_place}"
             if coll == "all_reduce":
-                check(src if in_place else out, oracle("sum", ranks, count), "sum",
-                      np.float32, what)
+                check(
+                    src if in_place else out, oracle("sum", ranks, count), "sum", np.float32, what
+                )
             elif coll == "all_gather":
                 want = np.concatenate([values(q, count)[:5] for q in ranks])
                 np.testing.assert_array_equal(out, want.astype(np.float32), what)
             else:
-                check(out[:5], oracle("sum", ranks, count)[r * 5:(r + 1) * 5], "sum",
-                      np.float32, what)
+                check(
+                    out[:5],
+                    oracle("sum", ranks, count)[r * 5 : (r + 1) * 5],
+                    "sum",
+                    np.float32,
+                    what,
+                )
 
 
 def _check_spanning_points(cal, g):
@@ -146,8 +180,11 @@ def _check_spanning_points(cal, g):
     plan = (("all_gather", ("float32",), (False,)),)
     for axis, nodes in ((cal._rail_axis(g), N // 2), (cal._mixed_axis(g), N // 2)):
         pts = cal.measure_corrections(g, axis, 1.0, plan, (64 << 10,))
-        algs = {c["algorithm"] for c in g.explain("all_gather", 64 << 10, axis)["candidates"]
-                if c["supported"]}
+        algs = {
+            c["algorithm"]
+            for c in g.explain("all_gather", 64 << 10, axis)["candidates"]
+            if c["supported"]
+        }
         assert {x["algorithm"] for x in pts} == algs, (pts, algs)
         for x in pts:
             assert x["collective"] == "all_gather" and x["nodes"] == nodes
