@@ -21,56 +21,85 @@ using detail::CommState;
 using detail::OpContext;
 using detail::OpSpec;
 
-Communicator::Communicator(std::unique_ptr<CommState> state) : state_(std::move(state)) {}
+Communicator::Communicator(std::unique_ptr<CommState> state)
+    : state_(std::move(state)),
+      rank_(state_->rank()),
+      size_(state_->size()),
+      mask_(state_->mask),
+      name_(state_->name),
+      worldRanks_(state_->host->backend().worldRanks()),
+      topology_(state_->host->topology()) {}
 Communicator::~Communicator() = default;
 
-int Communicator::rank() const noexcept { return state_->rank(); }
-int Communicator::size() const noexcept { return state_->size(); }
-AxisMask Communicator::mask() const noexcept { return state_->mask; }
-const std::string& Communicator::name() const noexcept { return state_->name; }
-const std::vector<int>& Communicator::worldRanks() const noexcept {
-  return state_->host->backend().worldRanks();
-}
-const GroupTopology& Communicator::topology() const noexcept { return state_->host->topology(); }
-bool Communicator::poisoned() const noexcept { return state_->poisoned.load(); }
+int Communicator::rank() const noexcept { return rank_; }
+int Communicator::size() const noexcept { return size_; }
+AxisMask Communicator::mask() const noexcept { return mask_; }
+const std::string& Communicator::name() const noexcept { return name_; }
+const std::vector<int>& Communicator::worldRanks() const noexcept { return worldRanks_; }
+const GroupTopology& Communicator::topology() const noexcept { return topology_; }
+bool Communicator::poisoned() const noexcept { return !state_ || state_->poisoned.load(); }
 std::string Communicator::poisonReason() const {
+  if (!state_) return "the grid was finalized";
   std::lock_guard<std::mutex> lk(state_->poisonMu);
   return state_->poisonReason;
 }
-detail::Group& Communicator::group() noexcept { return *state_->host; }
+detail::Group& Communicator::group() noexcept { return *live().host; }
+
+CommState& Communicator::live() const {
+  if (!state_) {
+    throw AbortedError("fourd: axis '" + name_ +
+                       "' belongs to a finalized grid; call fourd.init() again");
+  }
+  return *state_;
+}
 
 bool Communicator::drain(double timeoutSeconds) noexcept {
   try {
-    return state_->executor.drain(timeoutSeconds);
+    return !state_ || state_->executor.drain(timeoutSeconds);
   } catch (...) {
     return false;
   }
 }
+
+void Communicator::close() noexcept { state_.reset(); }
 
 void Communicator::setDefaultAlgorithm(Algorithm a) {
   if (a != Algorithm::kAuto && detail::algorithmImpl(a) == nullptr) {
     throw InvalidArgument(std::string("algorithm: '") + algorithmName(a) +
                           "' is not built into this version of fourd");
   }
-  state_->selector.setDefault(a);
+  live().selector.setDefault(a);
 }
 
 Algorithm Communicator::defaultAlgorithm() const noexcept {
-  return state_->selector.defaultAlgorithm();
+  return state_ ? state_->selector.defaultAlgorithm() : Algorithm::kAuto;
 }
+
+namespace {
+
+// The largest element count of a call of `nbytes` (nccl-tests sizes: the all-reduce buffer,
+// the gathered output of all-gather, the reduce-scatter input), as the communicator counts
+// its calls (CallShape::count).
+size_t countOf(size_t nbytes, DataType dtype) {
+  return nbytes / std::max<size_t>(1, dataTypeSize(dtype));
+}
+
+}  // namespace
 
 Algorithm Communicator::choose(Collective c, size_t nbytes, DataType dtype, bool inPlace,
                                DeviceType device) const {
-  const CallShape call{c, nbytes, dtype, inPlace, device};
-  return state_->selector.choose(call, detail::groupFor(*state_, device));
+  const CallShape call{c, nbytes, dtype, inPlace, device, countOf(nbytes, dtype)};
+  const CommState& st = live();
+  return st.selector.choose(call, detail::groupFor(st, device));
 }
 
 Communicator::Explanation Communicator::explain(Collective c, size_t nbytes, DataType dtype,
                                                 bool inPlace, DeviceType device) const {
-  const CallShape call{c, nbytes, dtype, inPlace, device};
-  const detail::Group& runsOn = detail::groupFor(*state_, device);
-  auto e = state_->selector.explain(call, runsOn);
-  if (device != DeviceType::kCpu && &runsOn == state_->host.get()) {
+  const CallShape call{c, nbytes, dtype, inPlace, device, countOf(nbytes, dtype)};
+  const CommState& st = live();
+  const detail::Group& runsOn = detail::groupFor(st, device);
+  auto e = st.selector.explain(call, runsOn);
+  if (device != DeviceType::kCpu && &runsOn == st.host.get()) {
     // No CUDA operation has run yet: the device backend is not known; price as NCCL would run.
     for (auto& p : e.candidates) {
       if (p.supported && p.algorithm != Algorithm::kFlat &&
@@ -86,13 +115,14 @@ Communicator::Explanation Communicator::explain(Collective c, size_t nbytes, Dat
 Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType dtype,
                                           bool inPlace) const {
   Tuning out;
-  const auto& tuner = state_->selector.tuner();
+  const CommState& st = live();
+  const auto& tuner = st.selector.tuner();
   if (c == Collective::kBroadcast || !tuner.tunes(nbytes, size())) {
     out.state = "off";
     return out;
   }
   const CallShape call{c, nbytes, dtype, inPlace};
-  const auto r = tuner.report(call.key(), state_->host->profile());
+  const auto r = tuner.report(call.key(), st.host->profile());
   out.state = r.state;
   out.candidates = r.candidates;
   out.seconds = r.seconds;
@@ -148,7 +178,8 @@ std::shared_ptr<Work> doneAtOnce(CommState& s, const char* what) {
 // The algorithm of a call on host buffers (CUDA buffers are resolved when they run, on the
 // group's device backend). `nbytes`: the nccl-tests size of the call.
 static void resolve(CommState& s, OpSpec& spec, size_t nbytes, bool inPlace, size_t count) {
-  spec.call = CallShape{spec.coll, nbytes, spec.in.dtype, inPlace, spec.in.device};
+  spec.call = CallShape{spec.coll, nbytes,         spec.in.dtype,
+                        inPlace,   spec.in.device, std::max(spec.in.count, spec.out.count)};
   if (spec.in.device != DeviceType::kCpu) {
     spec.algorithm = spec.coll == Collective::kBroadcast ? Algorithm::kFlat : spec.opts.algorithm;
     return;
@@ -175,13 +206,13 @@ std::shared_ptr<Work> Communicator::allReduce(const Buffer& in, const Buffer& ou
   spec.op = op;
   spec.hasOp = true;
   spec.opts = opts;
-  resolve(*state_, spec, in.bytes(), in.data == out.data, in.count);
+  resolve(live(), spec, in.bytes(), in.data == out.data, in.count);
   const bool cuda = in.device != DeviceType::kCpu;
   if (!cuda && (in.count == 0 || size() == 1)) {
     if (in.data != out.data && in.bytes()) std::memcpy(out.data, in.data, in.bytes());
-    if (!state_->debug) return doneAtOnce(*state_, "all_reduce");
+    if (!live().debug) return doneAtOnce(live(), "all_reduce");
   }
-  return detail::dispatch(*state_, spec);
+  return detail::dispatch(live(), spec);
 }
 
 std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& out,
@@ -201,13 +232,13 @@ std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& ou
   }
   OpSpec spec{Collective::kAllGather, "all_gather", in, out};
   spec.opts = opts;
-  resolve(*state_, spec, out.bytes(), in.data == myBlock.data, in.count);
+  resolve(live(), spec, out.bytes(), in.data == myBlock.data, in.count);
   const bool cuda = in.device != DeviceType::kCpu;
-  if (!cuda && (in.count == 0 || size() == 1) && !state_->debug) {
+  if (!cuda && (in.count == 0 || size() == 1) && !live().debug) {
     if (in.data != out.data && in.bytes()) std::memmove(out.data, in.data, in.bytes());
-    return doneAtOnce(*state_, "all_gather");
+    return doneAtOnce(live(), "all_gather");
   }
-  return detail::dispatch(*state_, spec);
+  return detail::dispatch(live(), spec);
 }
 
 std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer& out, ReduceOp op,
@@ -233,13 +264,13 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
   spec.op = op;
   spec.hasOp = true;
   spec.opts = opts;
-  resolve(*state_, spec, in.bytes(), inPlace, out.count);
+  resolve(live(), spec, in.bytes(), inPlace, out.count);
   const bool cuda = in.device != DeviceType::kCpu;
-  if (!cuda && (out.count == 0 || size() == 1) && !state_->debug) {
+  if (!cuda && (out.count == 0 || size() == 1) && !live().debug) {
     if (out.bytes() && out.data != in.data) std::memmove(out.data, in.data, out.bytes());
-    return doneAtOnce(*state_, "reduce_scatter");
+    return doneAtOnce(live(), "reduce_scatter");
   }
-  return detail::dispatch(*state_, spec);
+  return detail::dispatch(live(), spec);
 }
 
 std::shared_ptr<Work> Communicator::broadcast(const Buffer& buf, int root,
@@ -253,8 +284,9 @@ std::shared_ptr<Work> Communicator::broadcast(const Buffer& buf, int root,
   spec.root = root;
   spec.opts = opts;
   spec.algorithm = Algorithm::kFlat;
-  spec.call = CallShape{Collective::kBroadcast, buf.bytes(), buf.dtype, true, buf.device};
-  return detail::dispatch(*state_, spec);
+  spec.call =
+      CallShape{Collective::kBroadcast, buf.bytes(), buf.dtype, true, buf.device, buf.count};
+  return detail::dispatch(live(), spec);
 }
 
 std::shared_ptr<Work> Communicator::barrier(const CallOptions& opts) {
@@ -262,7 +294,7 @@ std::shared_ptr<Work> Communicator::barrier(const CallOptions& opts) {
   spec.opts = opts;
   spec.isBarrier = true;
   spec.algorithm = Algorithm::kFlat;
-  return detail::dispatch(*state_, spec);
+  return detail::dispatch(live(), spec);
 }
 
 }  // namespace fourd

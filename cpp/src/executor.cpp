@@ -19,7 +19,17 @@ void runBody(const std::shared_ptr<Work>& w) {
 }
 }  // namespace
 
+// In a forked child the thread is the parent's: never join it; its object is leaked (a
+// joinable std::thread may not be destroyed).
+static void abandonThread(std::thread& t) {
+  if (t.joinable()) new std::thread(std::move(t));
+}
+
 Executor::~Executor() {
+  if (forkedChild()) {
+    abandonThread(thread_);
+    return;
+  }
   std::unique_lock<std::mutex> lk(mu_);
   const bool idle = queue_.empty() && !busy_;
   stop_ = true;
@@ -90,12 +100,28 @@ void Executor::loop() {
   }
 }
 
+bool Executor::remove(const std::shared_ptr<Work>& w) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    if (*it == w) {
+      queue_.erase(it);
+      idleCv_.notify_all();
+      return true;
+    }
+  }
+  return false;
+}
+
 size_t Executor::inFlight() {
   std::lock_guard<std::mutex> lk(mu_);
   return queue_.size() + (busy_ ? 1 : 0);
 }
 
 bool Executor::drain(double timeoutSeconds) {
+  if (forkedChild()) {
+    abandonThread(thread_);
+    return true;
+  }
   std::unique_lock<std::mutex> lk(mu_);
   const bool idle = idleCv_.wait_until(lk, deadlineAfter(Clock::now(), timeoutSeconds),
                                        [&] { return queue_.empty() && !busy_; });

@@ -23,7 +23,7 @@ using detail::OpContext;
 
 namespace {
 
-constexpr size_t kFingerprintBytes = 512;
+constexpr size_t kFingerprintBytes = 2048;
 
 OpContext initContext(double timeout, const std::vector<int>* ranks) {
   OpContext ctx;
@@ -36,12 +36,75 @@ OpContext initContext(double timeout, const std::vector<int>* ranks) {
   return ctx;
 }
 
+// The settings that change what goes on the wire, or which algorithm runs: every rank of the
+// grid must have the same (a ring segment size or a shared-memory buffer size that differs
+// between ranks gives wrong results or timeouts, a different algorithm a deadlock).
+constexpr const char* kAgreedEnvironment[] = {
+    "FOURD_ALGORITHM",           "FOURD_TUNE",
+    "FOURD_RING_SEGMENT_BYTES",  "FOURD_SHM_BUFFER_BYTES",
+    "FOURD_HIERARCHICAL_CHUNKS", "FOURD_HIERARCHICAL_INTRA",
+    "FOURD_HIERARCHICAL_INTER",  "FOURD_CUDA_BACKEND"};
+
 std::string describeConfig(const GridConfig& c) {
   std::ostringstream os;
   os << "x=" << c.sizes[0] << ", y=" << c.sizes[1] << ", z=" << c.sizes[2]
      << ", data=" << c.sizes[3] << ", order=" << c.order << ", ranks_per_node="
-     << (c.ranksPerNode > 0 ? std::to_string(c.ranksPerNode) : std::string("None"));
+     << (c.ranksPerNode > 0 ? std::to_string(c.ranksPerNode) : std::string("None"))
+     << (c.debug ? ", FOURD_DEBUG=1" : "");
+  for (const char* name : kAgreedEnvironment) {
+    const char* v = std::getenv(name);
+    if (v && *v) os << ", " << name << "=" << std::string(v).substr(0, 64);
+  }
   return os.str();
+}
+
+// "" when a FOURD_ variable holding an integer is unset or in [lo, hi], else the message.
+std::string integerEnvError(const char* name, long long lo, long long hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return "";
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (end && *end == '\0' && x >= lo && x <= hi) return "";
+  return std::string(name) + ": expected an integer from " + std::to_string(lo) + " to " +
+         std::to_string(hi) + ", found '" + v + "'";
+}
+
+// "" when FOURD_ variable `name` is unset or one of `allowed` (case-insensitive).
+std::string choiceEnvError(const char* name, std::initializer_list<const char*> allowed) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return "";
+  std::string x(v);
+  for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  std::string list;
+  for (const char* a : allowed) {
+    if (x == a) return "";
+    list += std::string(list.empty() ? "" : ", ") + a;
+  }
+  return std::string(name) + ": expected one of " + list + "; found '" + v + "'";
+}
+
+// The first FOURD_ setting of the native core that holds a value it does not take.
+std::string environmentError() {
+  const std::string errors[] = {
+      integerEnvError("FOURD_RING_SEGMENT_BYTES", 64, 1LL << 40),
+      integerEnvError("FOURD_SHM_BUFFER_BYTES", 4096, 1LL << 34),
+      integerEnvError("FOURD_HIERARCHICAL_CHUNKS", 1, 64),
+      choiceEnvError("FOURD_HIERARCHICAL_INTRA", {"ring", "rhd", "shm", "auto"}),
+      choiceEnvError("FOURD_HIERARCHICAL_INTER", {"ring", "rhd", "shm", "auto"}),
+      choiceEnvError("FOURD_TUNE", {"1", "0", "on", "off", "true", "false", "yes", "no"}),
+      choiceEnvError("FOURD_CUDA_BACKEND", {"auto", "nccl", "mpi"}),
+      choiceEnvError("FOURD_POLL", {"auto", "spin", "yield"}),
+  };
+  for (const auto& e : errors)
+    if (!e.empty()) return e;
+  if (const char* a = std::getenv("FOURD_ALGORITHM"); a && *a) {
+    try {
+      parseAlgorithm(a, "FOURD_ALGORITHM");
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+  }
+  return "";
 }
 
 std::array<int, kNumAxes> validated(const GridConfig& c, int worldSize, std::string* err) {
@@ -74,6 +137,7 @@ std::array<int, kNumAxes> validated(const GridConfig& c, int worldSize, std::str
     *err =
         "timeout: expected a positive number of seconds, found " + std::to_string(c.timeoutSeconds);
   }
+  if (err->empty()) *err = environmentError();
   return c.sizes;
 }
 
@@ -238,6 +302,18 @@ void Grid::checkMpiReady() {
 }
 
 // One split per axis mask; the key orders each group as the grid does.
+std::unique_ptr<detail::CommState> Grid::newState(const std::string& name, AxisMask mask,
+                                                  std::unique_ptr<detail::Backend> backend,
+                                                  const std::vector<int>& ranks) const {
+  auto group = std::make_unique<detail::Group>(name, std::move(backend), topology_->group(ranks),
+                                               profileHolder_.get());
+  auto state = std::make_unique<detail::CommState>(name, mask, std::move(group));
+  state->defaultTimeout = config_.timeoutSeconds;
+  state->debug = config_.debug;
+  state->abortOnTimeout = config_.abortOnTimeout;
+  return state;
+}
+
 void Grid::makeCommunicators() {
   for (AxisMask m = 1; m <= kWorldMask; ++m) {
     MPI_Comm c;
@@ -245,15 +321,124 @@ void Grid::makeCommunicators() {
         MPI_Comm_split(world_, grid_.groupColor(worldRank_, m), grid_.groupRank(worldRank_, m), &c),
         "MPI_Comm_split");
     auto ranks = grid_.groupRanks(worldRank_, m);
-    auto topo = topology_->group(ranks);
-    auto group = std::make_unique<detail::Group>(
-        maskName(m), detail::makeMpiBackend(c, true, ranks), topo, profileHolder_.get());
-    auto state = std::make_unique<detail::CommState>(maskName(m), m, std::move(group));
-    state->defaultTimeout = config_.timeoutSeconds;
-    state->debug = config_.debug;
-    state->abortOnTimeout = config_.abortOnTimeout;
-    comms_[m] = std::make_unique<Communicator>(std::move(state));
+    comms_[m] = std::make_unique<Communicator>(
+        newState(maskName(m), m, detail::makeMpiBackend(c, true, ranks), ranks));
   }
+}
+
+namespace {
+
+std::string listName(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << "ranks[";
+  for (size_t i = 0; i < ranks.size() && i < 16; ++i) os << (i ? "," : "") << ranks[i];
+  if (ranks.size() > 16) os << ",... (" << ranks.size() << ")";
+  os << "]";
+  return os.str();
+}
+
+void checkList(const std::vector<int>& ranks, int me, int worldSize) {
+  std::vector<char> seen(worldSize, 0);
+  bool mine = false;
+  for (int r : ranks) {
+    if (r < 0 || r >= worldSize || seen[r]) {
+      throw InvalidArgument("ranks: expected distinct world ranks 0.." +
+                            std::to_string(worldSize - 1) + ", found " + listName(ranks));
+    }
+    seen[r] = 1;
+    mine = mine || r == me;
+  }
+  if (!mine) {
+    throw InvalidArgument("ranks: world rank " + std::to_string(me) + " is not in " +
+                          listName(ranks) + " (only the members of a group make it)");
+  }
+}
+
+// The members compare their lists before the (blocking) MPI_Comm_create_group, with the
+// deadline: the lowest world rank of the list (the same member whatever the order) gathers a
+// digest of every member's list, in its order, and answers each.
+void agreeOnList(MPI_Comm world, const std::vector<int>& ranks, int me, int tag, OpContext& ctx) {
+  uint64_t digest = 1469598103934665603ULL;
+  for (int r : ranks) digest = (digest ^ static_cast<uint64_t>(r)) * 1099511628211ULL;
+  const int leader = *std::min_element(ranks.begin(), ranks.end());
+  std::vector<int> others;
+  for (int r : ranks)
+    if (r != leader) others.push_back(r);
+  std::vector<MPI_Request> reqs;
+  std::vector<uint64_t> theirs(others.size(), 0);
+  uint64_t verdict = 1;
+  if (me != leader) {
+    reqs.resize(2);
+    checkMpi(MPI_Isend(&digest, 1, MPI_UINT64_T, leader, tag, world, &reqs[0]), "MPI_Isend");
+    checkMpi(MPI_Irecv(&verdict, 1, MPI_UINT64_T, leader, tag, world, &reqs[1]), "MPI_Irecv");
+  } else {
+    reqs.resize(others.size());
+    for (size_t i = 0; i < others.size(); ++i) {
+      checkMpi(MPI_Irecv(&theirs[i], 1, MPI_UINT64_T, others[i], tag, world, &reqs[i]),
+               "MPI_Irecv");
+    }
+  }
+  detail::waitMpi(reqs.data(), static_cast<int>(reqs.size()), ctx);
+  if (me == leader) {
+    for (uint64_t t : theirs) verdict = verdict && t == digest;
+    reqs.assign(others.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < others.size(); ++i) {
+      checkMpi(MPI_Isend(&verdict, 1, MPI_UINT64_T, others[i], tag, world, &reqs[i]), "MPI_Isend");
+    }
+    detail::waitMpi(reqs.data(), static_cast<int>(reqs.size()), ctx);
+  }
+  if (!verdict) {
+    throw MismatchError("fourd: the members of " + listName(ranks) +
+                        " asked for groups of different ranks (or in a different order)");
+  }
+}
+
+}  // namespace
+
+Communicator& Grid::group(const std::vector<int>& ranks, double timeoutSeconds) {
+  if (finalized_) throw AbortedError("fourd: the grid was finalized; call fourd.init again");
+  checkList(ranks, worldRank_, grid_.worldSize());
+  auto it = groups_.find(ranks);
+  if (it != groups_.end()) return *it->second;
+  auto ax = axisGroups_.find(ranks);
+  if (ax != axisGroups_.end()) return *comms_[ax->second];
+  // A tag every member derives alike from the set of ranks, above those of the operations'
+  // point-to-point messages (1..30000 and their lanes).
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  uint64_t h = 1469598103934665603ULL;
+  for (int r : sorted) h = (h ^ static_cast<uint64_t>(r)) * 1099511628211ULL;
+  const int tag = 31000 + static_cast<int>(h % 1000);
+  OpContext ctx = initContext(timeoutSeconds > 0 ? timeoutSeconds : config_.timeoutSeconds, &ranks);
+  ctx.op = "group";
+  // Every member agrees first, even on a list that is an axis's ranks: a member that took a
+  // shortcut would leave the others waiting for it (or disagreeing) until their deadline.
+  agreeOnList(world_, ranks, worldRank_, tag, ctx);
+  // The commit round (as detail::enterBlockingCall): a member that left the first round never
+  // sends the second, so nobody blocks in MPI_Comm_create_group waiting for it.
+  OpContext commit = ctx;
+  commit.interruptible = false;
+  commit.deadline =
+      std::max(ctx.deadline, detail::deadlineAfter(Clock::now(), detail::kCommitGraceSeconds));
+  agreeOnList(world_, ranks, worldRank_, tag, commit);
+  for (AxisMask m = 1; m <= kWorldMask; ++m) {
+    if (grid_.groupRanks(worldRank_, m) == ranks) {
+      axisGroups_.emplace(ranks, m);
+      return *comms_[m];
+    }
+  }
+  MPI_Group worldGroup, sub;
+  checkMpi(MPI_Comm_group(world_, &worldGroup), "MPI_Comm_group");
+  checkMpi(MPI_Group_incl(worldGroup, static_cast<int>(ranks.size()), ranks.data(), &sub),
+           "MPI_Group_incl");
+  MPI_Comm c;
+  const int rc = MPI_Comm_create_group(world_, sub, tag, &c);
+  MPI_Group_free(&sub);
+  MPI_Group_free(&worldGroup);
+  checkMpi(rc, "MPI_Comm_create_group");
+  auto comm = std::make_unique<Communicator>(
+      newState(listName(ranks), 0, detail::makeMpiBackend(c, true, ranks), ranks));
+  return *groups_.emplace(ranks, std::move(comm)).first->second;
 }
 
 // Operations waited for may still be finishing on their progress threads (a Work completes
@@ -280,10 +465,20 @@ void Grid::setProfile(const MachineProfile& p) {
 bool Grid::finalize(double timeoutSeconds) noexcept {
   if (finalized_) return true;
   finalized_ = true;
+  if (detail::forkedChild()) {
+    // A child of fork(): the progress threads and the MPI state belong to the parent. Touch
+    // neither (joining a thread that is not there, or an MPI call, would hang): leak it all.
+    for (auto& c : comms_) (void)c.release();
+    for (auto& [ranks, c] : groups_) (void)c.release();
+    world_ = MPI_COMM_NULL;
+    return true;
+  }
   bool ok = true;
   const auto deadline = detail::deadlineAfter(Clock::now(), timeoutSeconds);
-  for (auto& c : comms_) {
-    if (!c) continue;
+  // Shared-memory windows are freed collectively within this deadline too.
+  detail::setTeardownDeadline(deadline);
+  auto drain = [&](std::unique_ptr<Communicator>& c) {
+    if (!c) return;
     const double left =
         std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
     if (!c->drain(left)) {
@@ -292,13 +487,20 @@ bool Grid::finalize(double timeoutSeconds) noexcept {
       // than free memory that thread still uses.
       (void)c.release();
     }
-  }
+  };
+  for (auto& [ranks, c] : groups_) drain(c);
+  for (auto& c : comms_) drain(c);
   int finalizedMpi = 0;
   MPI_Finalized(&finalizedMpi);
   if (ok) {
-    for (auto& c : comms_) c.reset();
+    // The communicators stay (Python may hold them); their groups go, and later calls raise.
+    for (auto& [ranks, c] : groups_)
+      if (c) c->close();
+    for (auto& c : comms_)
+      if (c) c->close();
     if (!finalizedMpi && world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
   }
+  detail::setTeardownDeadline(Clock::time_point::max());
   world_ = MPI_COMM_NULL;
   return ok;
 }
@@ -345,8 +547,8 @@ std::string mpiAbiMismatch() {
          "process (loaded by the program, with RTLD_GLOBAL, or through LD_PRELOAD), so its "
          "symbols take precedence over the MPI fourd was linked to. Use one MPI for both: "
          "build fourd against the MPI that mpi4py uses (see mpi4py.get_config()), or install "
-         "mpi4py and the MPI fourd was built with (pip install --force-reinstall mpich "
-         "mpi4py).";
+         "mpi4py against the MPI fourd was built with (README, \"Using another MPI\"; for "
+         "the MPICH wheel: pip install 'fourd[mpich]' mpi4py).";
 }
 
 std::string buildInfo() {

@@ -1,5 +1,6 @@
 #include "internal/op_context.hpp"
 
+#include <pthread.h>
 #include <sched.h>
 #include <time.h>
 
@@ -18,6 +19,26 @@ Clock::time_point deadlineAfter(Clock::time_point start, double seconds) noexcep
   return start +
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
+
+namespace {
+std::atomic<Clock::rep> gTeardown{Clock::time_point::max().time_since_epoch().count()};
+std::atomic<bool> gForked{false};
+// Registered once, when this library is loaded (before any thread of fourd exists).
+const bool gAtFork = [] {
+  pthread_atfork(nullptr, nullptr, [] { gForked.store(true); });
+  return true;
+}();
+}  // namespace
+
+void setTeardownDeadline(Clock::time_point t) noexcept {
+  gTeardown.store(t.time_since_epoch().count());
+}
+
+Clock::time_point teardownDeadline() noexcept {
+  return Clock::time_point(Clock::duration(gTeardown.load()));
+}
+
+bool forkedChild() noexcept { return gForked.load(); }
 
 std::string OpContext::describe() const {
   std::ostringstream os;
@@ -53,11 +74,16 @@ WaitWatch::WaitWatch(const OpContext& ctx)
     : ctx_(ctx), nextCheck_(Clock::now() + std::chrono::milliseconds(20)) {}
 
 bool WaitWatch::expired() {
+  if (ctx_.interruptible && ctx_.cancelled != nullptr &&
+      ctx_.cancelled->load(std::memory_order_relaxed)) {
+    throw AbortedError("fourd: " + ctx_.describe() + " was cancelled after " +
+                       std::to_string(ctx_.elapsed()) + " s");
+  }
   if ((++polls_ & 63u) != 0) return false;
   const auto now = Clock::now();
   if (now >= nextCheck_) {
     nextCheck_ = now + std::chrono::milliseconds(20);
-    if (interruptRequested()) {
+    if (ctx_.interruptible && interruptRequested()) {
       throw AbortedError("fourd: " + ctx_.describe() + " was interrupted after " +
                          std::to_string(ctx_.elapsed()) + " s");
     }

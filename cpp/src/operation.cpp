@@ -29,9 +29,9 @@ struct Fingerprint {
   uint64_t seq;
 };
 
-std::string fingerprintText(const Fingerprint& f) {
+std::string fingerprintText(const Fingerprint& f, const std::string& axis) {
   std::ostringstream os;
-  os << "(" << f.op << ", axis " << maskName(f.mask) << ", count " << f.count << ", dtype "
+  os << "(" << f.op << ", axis " << axis << ", count " << f.count << ", dtype "
      << toString(static_cast<DataType>(f.dtype));
   if (f.redop >= 0) os << ", op " << toString(static_cast<ReduceOp>(f.redop));
   if (f.root >= 0) os << ", src " << f.root;
@@ -48,7 +48,9 @@ Fingerprint fingerprintOf(const CommState& s, const OpSpec& spec) {
       static_cast<int32_t>(spec.coll == Collective::kBroadcast ? spec.out.dtype : spec.in.dtype);
   f.redop = spec.hasOp ? static_cast<int32_t>(spec.op) : -1;
   f.root = spec.root;
-  f.algorithm = static_cast<int32_t>(spec.algorithm);
+  // What the caller asked for: the choice itself may differ between ranks only through a bug,
+  // and the message names what the user wrote.
+  f.algorithm = static_cast<int32_t>(spec.opts.algorithm);
   f.count = spec.in.count;
   f.seq = spec.seq;
   return f;
@@ -78,9 +80,10 @@ void debugCheck(CommState& s, const OpSpec& spec, OpContext& ctx) {
         first = false;
       }
     }
-    os << "] called " << fingerprintText(all[i]);
+    os << "] called " << fingerprintText(all[i], s.name);
   }
-  os << "\n  this rank (world rank " << world[s.rank()] << ") called " << fingerprintText(mine);
+  os << "\n  this rank (world rank " << world[s.rank()] << ") called "
+     << fingerprintText(mine, s.name);
   throw MismatchError(os.str());
 }
 
@@ -179,7 +182,7 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
       "' refused: the communicator is poisoned by an earlier failure: " + s.poisonReason);
 }
 
-OpContext contextOf(CommState& s, const OpSpec& spec) {
+OpContext contextOf(CommState& s, const OpSpec& spec, const std::atomic<bool>* cancelled) {
   OpContext ctx;
   ctx.op = spec.opName;
   ctx.axis = s.name;
@@ -190,6 +193,7 @@ OpContext contextOf(CommState& s, const OpSpec& spec) {
   ctx.start = Clock::now();
   ctx.deadline = deadlineAfter(ctx.start, ctx.timeoutSeconds);
   ctx.tag = static_cast<int>(spec.seq % 30000) + 1;
+  ctx.cancelled = cancelled;
   return ctx;
 }
 
@@ -210,9 +214,9 @@ void runBody(CommState& s, const OpSpec& spec, OpContext& ctx) {
     runAlgorithm(*s.host, spec, spec.algorithm, ctx);
 }
 
-void runOp(CommState& s, const OpSpec& spec) {
+void runOp(CommState& s, const OpSpec& spec, const std::atomic<bool>* cancelled) {
   if (s.poisoned.load()) refusePoisoned(s, spec.opName);
-  OpContext ctx = contextOf(s, spec);
+  OpContext ctx = contextOf(s, spec, cancelled);
   const std::string what = std::string("seq ") + std::to_string(spec.seq) + " (" + spec.opName;
   try {
     runBody(s, spec, ctx);
@@ -231,22 +235,58 @@ void runOp(CommState& s, const OpSpec& spec) {
 
 }  // namespace
 
+namespace {
+
+// Waits without rethrowing the operation's error (the caller looks at it afterwards).
+bool waitQuietly(Work& w, double seconds) {
+  try {
+    return w.wait(seconds);
+  } catch (...) {
+    return true;
+  }
+}
+
+// What Work::cancel does on this communicator: this rank leaves the group's sequence of
+// collectives (poisoned), and an operation that has not started never will.
+void onCancel(CommState& s, const std::weak_ptr<Work>& weak, uint64_t seq, const char* op,
+              const std::string& why) {
+  s.poison("seq " + std::to_string(seq) + " (" + op + ") was cancelled: " + why);
+  auto w = weak.lock();
+  if (w && s.executor.remove(w)) {
+    w->markCompleted(std::make_exception_ptr(
+        AbortedError("fourd: " + w->description() + " was cancelled before it started: " + why)));
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<Work> dispatch(CommState& s, OpSpec spec) {
   if (s.poisoned.load()) refusePoisoned(s, spec.opName);
+  s.claimThread();
   spec.seq = s.nextSeq.fetch_add(1);
   auto w = std::make_shared<Work>(std::string(spec.opName) + " on axis '" + s.name + "' seq " +
                                   std::to_string(spec.seq));
   CommState* sp = &s;
-  w->body = [sp, spec] { runOp(*sp, spec); };
+  const std::atomic<bool>* flag = w->cancelFlag();
+  w->body = [sp, spec, flag] { runOp(*sp, spec, flag); };
+  std::weak_ptr<Work> weak = w;
+  w->onCancel = [sp, weak, seq = spec.seq, op = spec.opName](const std::string& why) {
+    onCancel(*sp, weak, seq, op, why);
+  };
   if (spec.opts.async) {
     s.executor.submit(w);
     return w;
   }
   if (!s.executor.runInlineIfIdle(w)) {
     // Queued behind asynchronous work on this communicator: wait in short slices so an
-    // interrupt (Ctrl-C) is seen within ~20 ms.
-    while (!w->wait(0.02)) {
+    // interrupt (Ctrl-C) is seen within ~20 ms. Interrupted, the call is cancelled and this
+    // waits until it is gone (removed from the queue, or stopped at its next poll), so that
+    // it never writes the caller's buffers after the caller has been told it failed.
+    while (!waitQuietly(*w, 0.02)) {
       if (interruptRequested()) {
+        w->cancel("interrupted (Ctrl-C) while queued behind asynchronous work");
+        while (!waitQuietly(*w, 0.02)) {
+        }
         throw AbortedError("fourd: interrupted while waiting for " + w->description());
       }
     }

@@ -1,14 +1,52 @@
 // Selector (internal/selector.hpp): the one place that chooses an algorithm.
 #include "internal/selector.hpp"
 
+#include <cmath>
 #include <cstdlib>
 
 #include "fourd/error.hpp"
 
 namespace fourd::detail {
 
+namespace {
+
+// The model's candidates for a call, priced alike on every rank: the geometric mean of the
+// in-place and the out-of-place predictions (placement is the one rank-local property of a
+// call, and a rank that chose from its own could pick another algorithm than its peers).
+std::vector<Prediction> placementFree(const CallShape& call, const GroupShape& shape,
+                                      const MachineProfile& profile) {
+  auto out = candidates(call.collective, call.nbytes, call.dtype, shape, profile, false);
+  const auto in = candidates(call.collective, call.nbytes, call.dtype, shape, profile, true);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].supported = out[i].supported && in[i].supported;
+    if (!out[i].supported) continue;
+    out[i].seconds = std::sqrt(out[i].seconds * in[i].seconds);
+    out[i].correction = std::sqrt(out[i].correction * in[i].correction);
+  }
+  return out;
+}
+
+// The supported candidate with the smallest price (ties: the lower enum value), flat excluded
+// when `noFlat`; flat when none is supported.
+Algorithm cheapest(const std::vector<Prediction>& preds, bool noFlat) {
+  Algorithm best = Algorithm::kFlat;
+  double bestT = HUGE_VAL;
+  for (const auto& p : preds) {
+    if (!p.supported || algorithmImpl(p.algorithm) == nullptr) continue;
+    if (noFlat && p.algorithm == Algorithm::kFlat) continue;
+    if (p.seconds < bestT) {
+      best = p.algorithm;
+      bestT = p.seconds;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 Selector::Selector(const Group& group) : group_(group) {
-  // FOURD_TUNE=0 turns tuning in use off (tuner.hpp); it must be the same on every rank.
+  // FOURD_TUNE=0 turns tuning in use off (tuner.hpp); it must be the same on every rank (the
+  // grid's agreement check compares it).
   if (const char* v = std::getenv("FOURD_TUNE")) {
     std::string x(v);
     for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -31,6 +69,17 @@ Algorithm Selector::envAlgorithm() {
   return env && *env ? parseAlgorithm(env, "FOURD_ALGORITHM") : Algorithm::kAuto;
 }
 
+bool Selector::flatTooLarge(const CallShape& call, const Group& runsOn, std::string* why) const {
+  const size_t limit = runsOn.backend().maxCount();
+  if (call.count <= limit) return false;
+  if (why) {
+    *why = "the " + runsOn.backend().kind() + " library's collectives take at most " +
+           std::to_string(limit) + " elements per call; this call passes " +
+           std::to_string(call.count);
+  }
+  return true;
+}
+
 void Selector::checkRuns(const CallShape& call, Algorithm a, const Group& runsOn) const {
   const auto* impl = algorithmImpl(a);
   if (impl == nullptr) {
@@ -38,14 +87,16 @@ void Selector::checkRuns(const CallShape& call, Algorithm a, const Group& runsOn
                           "' is not built into this version of fourd");
   }
   std::string why;
-  if (!impl->supports(call.collective, runsOn, &why)) {
+  const bool ok = impl->supports(call.collective, runsOn, &why) &&
+                  !(a == Algorithm::kFlat && flatTooLarge(call, runsOn, &why));
+  if (!ok) {
     throw InvalidArgument(std::string("algorithm: '") + algorithmName(a) + "' cannot run " +
                           collectiveName(call.collective) + " on axis '" + group_.name() + "' (" +
                           runsOn.topology().describe() + "): " + why);
   }
 }
 
-Algorithm Selector::modelChoice(const CallShape& call) const {
+Algorithm Selector::modelChoice(const CallShape& call, const Group& runsOn) const {
   const std::shared_ptr<const MachineProfile> profile = group_.profile();
   const Tuner::Key key = call.key();
   {
@@ -57,9 +108,8 @@ Algorithm Selector::modelChoice(const CallShape& call) const {
     const auto it = memo_.find(key);
     if (it != memo_.end()) return it->second;
   }
-  Algorithm a = fourd::choose(call.collective, call.nbytes, call.dtype, group_.shape(), *profile,
-                              call.inPlace);
-  if (algorithmImpl(a) == nullptr) a = Algorithm::kFlat;  // only built-in algorithms run
+  const Algorithm a =
+      cheapest(placementFree(call, group_.shape(), *profile), flatTooLarge(call, runsOn, nullptr));
   std::lock_guard<std::mutex> lock(memoMu_);
   if (memoProfile_ == profile) {
     if (memo_.size() >= 4096) memo_.clear();  // bounded: sizes vary per call
@@ -97,7 +147,7 @@ Algorithm Selector::tunedOrModel(const CallShape& call, const Group& runsOn) con
     const auto t = tuner_.report(call.key(), group_.profile());
     if (t.settled != Algorithm::kAuto) return t.settled;
   }
-  return modelChoice(call);
+  return modelChoice(call, runsOn);
 }
 
 Algorithm Selector::choose(const CallShape& call, const Group& runsOn, std::string* source) const {
@@ -134,11 +184,18 @@ Algorithm Selector::choose(const CallShape& call, const Group& runsOn, std::stri
 
 Explanation Selector::explain(const CallShape& call, const Group& runsOn) const {
   Explanation e;
-  e.candidates = candidates(call.collective, call.nbytes, call.dtype, group_.shape(),
-                            *group_.profile(), call.inPlace);
+  e.candidates = placementFree(call, group_.shape(), *group_.profile());
   for (auto& p : e.candidates) {
     const auto* impl = algorithmImpl(p.algorithm);
-    if (!p.supported) continue;
+    // `supported` says whether a request by name runs; the reason also says when auto leaves
+    // a runnable algorithm out.
+    if (!p.supported) {
+      if (p.algorithm != Algorithm::kHierarchical || runsOn.topology().numNodes != 1) continue;
+      p.supported = true;
+      p.reason =
+          "the group is on one node: not a candidate of auto; asked for by name, it runs its "
+          "intra-node level alone";
+    }
     if (call.collective == Collective::kBroadcast && p.algorithm != Algorithm::kFlat) {
       p.supported = false;
       p.reason = "broadcast always runs the backend's own (flat)";
@@ -146,6 +203,8 @@ Explanation Selector::explain(const CallShape& call, const Group& runsOn) const 
       p.supported = false;
       p.reason = "not built into this version of fourd";
     } else if (!impl->supports(call.collective, runsOn, &p.reason)) {
+      p.supported = false;
+    } else if (p.algorithm == Algorithm::kFlat && flatTooLarge(call, runsOn, &p.reason)) {
       p.supported = false;
     }
   }
@@ -155,13 +214,13 @@ Explanation Selector::explain(const CallShape& call, const Group& runsOn) const 
 
 std::vector<Algorithm> Selector::shortlist(
     const CallShape& call, const std::shared_ptr<const MachineProfile>& profile) const {
-  const GroupShape shape = group_.shape();
-  auto preds = candidates(call.collective, call.nbytes, call.dtype, shape, *profile, call.inPlace);
-  for (auto& p : preds) p.supported = p.supported && algorithmImpl(p.algorithm);
-  Algorithm model =
-      fourd::choose(call.collective, call.nbytes, call.dtype, shape, *profile, call.inPlace);
-  if (algorithmImpl(model) == nullptr) model = Algorithm::kFlat;
-  return Tuner::shortlist(preds, model, call.nbytes);
+  auto preds = placementFree(call, group_.shape(), *profile);
+  const bool noFlat = flatTooLarge(call, group_, nullptr);
+  for (auto& p : preds) {
+    p.supported =
+        p.supported && algorithmImpl(p.algorithm) && !(noFlat && p.algorithm == Algorithm::kFlat);
+  }
+  return Tuner::shortlist(preds, cheapest(preds, noFlat), call.nbytes);
 }
 
 }  // namespace fourd::detail

@@ -22,6 +22,7 @@ class DirectMpiBackend final : public Backend {
   int size() const noexcept override { return host_->size(); }
   const std::vector<int>& worldRanks() const noexcept override { return host_->worldRanks(); }
   DeviceType device() const noexcept override { return DeviceType::kCuda; }
+  size_t maxCount() const noexcept override { return host_->maxCount(); }
   bool reduces(DataType t, ReduceOp) const noexcept override {
     return t != DataType::kFloat16 && t != DataType::kBFloat16;
   }

@@ -174,6 +174,7 @@ class StagingBackend final : public Backend {
   int size() const noexcept override { return host_->size(); }
   const std::vector<int>& worldRanks() const noexcept override { return host_->worldRanks(); }
   DeviceType device() const noexcept override { return DeviceType::kCuda; }
+  size_t maxCount() const noexcept override { return host_->maxCount(); }
   bool reduces(DataType t, ReduceOp op) const noexcept override { return host_->reduces(t, op); }
   std::unique_ptr<Requests> requests() override {
     pool_.reclaim();

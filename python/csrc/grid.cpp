@@ -9,6 +9,8 @@
 #include "bindings.hpp"
 #include "fourd/error.hpp"
 #include "fourd/grid.hpp"
+#include "internal/group.hpp"
+#include "internal/mpi_backend.hpp"
 #include "internal/op_context.hpp"
 
 namespace py = pybind11;
@@ -104,11 +106,22 @@ py::object finish(std::shared_ptr<Work> w, bool async, py::object keep) {
   return py::cast(w);
 }
 
+// Waits in short slices with the GIL released, so that Ctrl-C is seen. Interrupted, the
+// operation is cancelled (docs/errors.md: the axis is poisoned) and this waits until it is gone
+// before KeyboardInterrupt propagates, so that it never writes the caller's buffers after.
 void waitWork(Work& w, py::object timeout) {
   const double limit = timeout.is_none() ? -1.0 : timeout.cast<double>();
   const auto start = std::chrono::steady_clock::now();
+  auto slice = [&w](double seconds) {
+    py::gil_scoped_release rel;
+    try {
+      return w.wait(seconds);
+    } catch (...) {
+      return true;  // completed with an error: rethrown below with the GIL held
+    }
+  };
   while (true) {
-    double slice = 0.05;
+    double step = 0.05;
     if (limit >= 0) {
       const double left =
           limit - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -119,19 +132,15 @@ void waitWork(Work& w, py::object timeout) {
                                   " s (it keeps running; wait again, or let "
                                   "its own deadline end it)");
       }
-      slice = std::min(slice, left);
+      step = std::min(step, left);
     }
-    bool done;
-    {
-      py::gil_scoped_release rel;
-      try {
-        done = w.wait(slice);
-      } catch (...) {
-        done = true;  // completed with an error: rethrown below with the GIL held
+    if (slice(step)) break;
+    if (PyErr_CheckSignals() != 0) {
+      w.cancel("interrupted (Ctrl-C) in Work.wait");
+      while (!slice(0.05)) {
       }
+      throw py::error_already_set();
     }
-    if (done) break;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
   if (auto e = w.error()) std::rethrow_exception(e);
 }
@@ -232,6 +241,14 @@ void bindWork(py::module_& m) {
 using CommunicatorClass = py::class_<Communicator>;
 
 void bindCommunicatorInfo(CommunicatorClass& c) {
+  c.def_property_readonly(
+      "mpi_handle",
+      [](Communicator& comm) {
+        return static_cast<long long>(
+            MPI_Comm_c2f(fourd::detail::mpiHandle(comm.group().backend())));
+      },
+      "The Fortran handle of the group's MPI communicator (mpi4py.MPI.Comm.f2py), for what "
+      "fourd itself does not do; fourd's own traffic uses it too: duplicate it first.");
   c.def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("mask", &Communicator::mask)
@@ -405,8 +422,22 @@ void bindQueries(CommunicatorClass& c) {
           py::arg("in_place") = false, py::arg("device") = "cpu");
 }
 
+// Deletes a Grid with the GIL released: its destructor drains the communicators, whose progress
+// threads take the GIL to release the Python buffers of operations that complete meanwhile.
+// Holding the GIL there kept them from finishing until the deadline.
+struct GridDeleter {
+  void operator()(Grid* g) const noexcept {
+    if (Py_IsInitialized() && !isFinalizing() && PyGILState_Check()) {
+      py::gil_scoped_release rel;
+      delete g;
+    } else {
+      delete g;
+    }
+  }
+};
+
 void bindGrid(py::module_& m) {
-  py::class_<Grid>(m, "Grid")
+  py::class_<Grid, std::unique_ptr<Grid, GridDeleter>>(m, "Grid")
       .def(py::init([](intptr_t commF, std::vector<int> sizes, const std::string& order, int rpn,
                        double timeout, bool debug, bool abortOnTimeout) {
              fourd::GridConfig cfg;
@@ -449,6 +480,14 @@ void bindGrid(py::module_& m) {
       .def("node_of", [](const Grid& g, int r) { return g.topology().nodeOf(r); })
       .def("local_rank", [](const Grid& g, int r) { return g.topology().localRank(r); })
       .def("communicator", &Grid::communicator, py::return_value_policy::reference_internal)
+      .def(
+          "group",
+          [](Grid& g, const std::vector<int>& ranks, double timeout) -> Communicator& {
+            return *released([&]() -> Communicator* { return &g.group(ranks, timeout); });
+          },
+          py::arg("world_ranks"), py::arg("timeout") = 0.0,
+          py::return_value_policy::reference_internal,
+          "The communicator of these world ranks in this order (collective over them).")
       .def("finalize",
            [](Grid& g, double timeout) {
              py::gil_scoped_release rel;

@@ -106,11 +106,23 @@ class Communicator {
   /// Returns false if some did not finish in time.
   bool drain(double timeoutSeconds) noexcept;
 
+  /// Frees the group (after drain): every later call raises AbortedError ("finalized"); the
+  /// rank, size and names above stay readable.
+  void close() noexcept;
+  bool closed() const noexcept { return !state_; }
+
   /// What the algorithms see of this group (host buffers): for native tests.
   detail::Group& group() noexcept;
 
  private:
+  detail::CommState& live() const;  // the state, or AbortedError once closed
+
   std::unique_ptr<detail::CommState> state_;
+  int rank_ = 0, size_ = 1;
+  AxisMask mask_ = 0;
+  std::string name_;
+  std::vector<int> worldRanks_;
+  GroupTopology topology_;
 };
 
 }  // namespace fourd

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <array>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,11 @@
 #include "fourd/topology.hpp"
 
 namespace fourd {
+
+namespace detail {
+class Backend;
+class CommState;
+}  // namespace detail
 
 struct GridConfig {
   std::array<int, kNumAxes> sizes{1, 1, 1, 1};  ///< indexed by Axis
@@ -47,6 +53,14 @@ class Grid {
   /// The communicator of my group along `mask` (1..15). Throws InvalidArgument for mask 0.
   Communicator& communicator(AxisMask mask);
 
+  /// The communicator of an arbitrary group of world ranks, in the given order (group rank i
+  /// is worldRanks[i]); this rank must be one of them. Collective over the listed ranks only,
+  /// each passing the same list (compared first: a different list raises MismatchError there,
+  /// a missing rank times out). A list that is exactly my group along an axis mask gives that
+  /// axis's communicator; any other is made once (MPI_Comm_create_group), with its topology
+  /// from the grid's, and cached.
+  Communicator& group(const std::vector<int>& worldRanks, double timeoutSeconds);
+
   /// The cost-model profile `auto` uses (identical on every rank).
   const MachineProfile& profile() const noexcept;
   /// Replaces the profile (must be called identically on every rank).
@@ -60,6 +74,9 @@ class Grid {
  private:
   static void checkMpiReady();
   void makeCommunicators();
+  std::unique_ptr<detail::CommState> newState(const std::string& name, AxisMask mask,
+                                              std::unique_ptr<detail::Backend> backend,
+                                              const std::vector<int>& ranks) const;
 
   GridConfig config_;
   ProcessGrid grid_;
@@ -68,6 +85,8 @@ class Grid {
   MPI_Comm world_ = MPI_COMM_NULL;  // our own duplicate of the parent
   std::vector<std::string> hosts_;
   std::array<std::unique_ptr<Communicator>, 16> comms_;
+  std::map<std::vector<int>, std::unique_ptr<Communicator>> groups_;
+  std::map<std::vector<int>, AxisMask> axisGroups_;  ///< agreed lists that are an axis's ranks
   std::shared_ptr<MachineProfile> profile_;
   // The slot every CommState reads the profile from (swapped by setProfile).
   std::unique_ptr<std::shared_ptr<const MachineProfile>> profileHolder_;

@@ -1,6 +1,7 @@
 // A handle on one collective operation, blocking or asynchronous.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -33,9 +34,20 @@ class Work {
   /// Objects (for example Python buffers) kept alive until the operation completes.
   void setKeepAlive(std::shared_ptr<void> keepAlive) { keepAlive_ = std::move(keepAlive); }
 
+  /// Stops the operation (Ctrl-C in a wait, or a caller that gives up): if it is still queued
+  /// it never starts and completes with AbortedError; if it runs, its next poll throws
+  /// AbortedError naming `why`. Either way this rank leaves the group's sequence of
+  /// collectives, so the communicator is poisoned. Returns at once; wait() then returns soon.
+  void cancel(const std::string& why) noexcept;
+  bool cancelRequested() const noexcept { return cancelled_.load(std::memory_order_relaxed); }
+
   // ---- used by the engine ----
   void markCompleted(std::exception_ptr error) noexcept;
   std::function<void()> body;
+  /// Called once by cancel() (the engine removes a queued operation and poisons).
+  std::function<void(const std::string&)> onCancel;
+  /// What every wait of the running operation polls.
+  const std::atomic<bool>* cancelFlag() const noexcept { return &cancelled_; }
 
  private:
   mutable std::mutex mu_;
@@ -44,6 +56,7 @@ class Work {
   std::exception_ptr error_;
   std::string description_;
   std::shared_ptr<void> keepAlive_;
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace fourd

@@ -37,9 +37,11 @@
 // order is RS(0) RS(1) AG(0) RS(2) AG(1) ... With ring levels the time tends to
 // sum_l t_l(n/C) + (C-1) max_l t_l(n/C).
 //
-// Not supported (supports() says why, so `auto` skips it and an explicit request raises
-// InvalidArgument): one node (no inter-node level), or nodes holding different numbers of the
-// group's ranks (the rails would differ in size).
+// On one node the rails have one member each: asked for by name, the algorithm runs its intra
+// level alone (so code written for a cluster runs unchanged on one machine); the cost model
+// leaves it out of auto's candidates there. Not supported (supports() says why, and an
+// explicit request raises InvalidArgument): nodes holding different numbers of the group's
+// ranks (the rails would differ in size).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -55,8 +57,11 @@ namespace {
 constexpr size_t kMinChunkBytes = 2 * 1024 * 1024;
 
 bool supports(Collective c, const Group& g, std::string* reason) {
-  // One node (no inter-node level) or uneven nodes (rails of different sizes): the cost model
-  // says so in the words explain() shows.
+  // One node: the rails have one member each and the intra level is the whole group, so the
+  // algorithm runs its intra level alone (code written for a cluster runs unchanged on one
+  // machine). Uneven nodes (rails of different sizes): the cost model says so in the words
+  // explain() shows.
+  if (g.topology().numNodes == 1) return true;
   return shapeSupports(c, Algorithm::kHierarchical, g, reason);
 }
 

@@ -280,13 +280,9 @@ class MpiSegment final : public SharedSegment {
     ctx.axis = "intra";
     ctx.start = Clock::now();
     ctx.timeoutSeconds = releaseSeconds_;
-    ctx.deadline = deadlineAfter(ctx.start, releaseSeconds_);
+    ctx.deadline = std::min(deadlineAfter(ctx.start, releaseSeconds_), teardownDeadline());
     try {
-      MpiRequests r(nullptr);
-      if (MPI_Ibarrier(comm_, r.add(MpiRequests::Kind::kCollective, -1)) != MPI_SUCCESS) {
-        return false;
-      }
-      r.wait(0, 1, ctx);
+      enterBlockingCall(comm_, ctx);
       return true;
     } catch (...) {
       return false;
@@ -324,6 +320,7 @@ class MpiBackend final : public Backend {
   int size() const noexcept override { return size_; }
   const std::vector<int>& worldRanks() const noexcept override { return worldRanks_; }
   DeviceType device() const noexcept override { return DeviceType::kCpu; }
+  size_t maxCount() const noexcept override { return static_cast<size_t>(INT_MAX); }
   std::unique_ptr<Requests> requests() override {
     return std::make_unique<MpiRequests>(&worldRanks_);
   }
@@ -410,7 +407,7 @@ class MpiBackend final : public Backend {
 };
 
 std::unique_ptr<Backend> MpiBackend::split(int color, int key, OpContext& ctx) {
-  barrier(ctx);  // a missing member times out here instead of hanging in MPI_Comm_split
+  enterBlockingCall(comm_, ctx);
   MPI_Comm c;
   checkMpi(MPI_Comm_split(comm_, color, key, &c), "MPI_Comm_split");
   int n = 0;
@@ -428,6 +425,7 @@ std::unique_ptr<Backend> MpiBackend::split(int color, int key, OpContext& ctx) {
 }
 
 bool MpiBackend::sharesMemory(OpContext& ctx) {
+  enterBlockingCall(comm_, ctx);
   MPI_Comm shared;
   checkMpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared),
            "MPI_Comm_split_type");
@@ -442,6 +440,7 @@ bool MpiBackend::sharesMemory(OpContext& ctx) {
 }
 
 std::unique_ptr<SharedSegment> MpiBackend::sharedSegment(size_t bytesPerRank, OpContext& ctx) {
+  enterBlockingCall(comm_, ctx);
   MPI_Info info;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");
@@ -466,6 +465,17 @@ std::unique_ptr<SharedSegment> MpiBackend::sharedSegment(size_t bytesPerRank, Op
 }
 
 }  // namespace
+
+void enterBlockingCall(MPI_Comm comm, OpContext& ctx) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  checkMpi(MPI_Ibarrier(comm, &r), "MPI_Ibarrier");
+  waitMpi(&r, 1, ctx);
+  OpContext commit = ctx;
+  commit.interruptible = false;
+  commit.deadline = std::max(ctx.deadline, deadlineAfter(Clock::now(), kCommitGraceSeconds));
+  checkMpi(MPI_Ibarrier(comm, &r), "MPI_Ibarrier");
+  waitMpi(&r, 1, commit);
+}
 
 void waitMpi(MPI_Request* reqs, int n, OpContext& ctx) {
   if (n == 0) return;

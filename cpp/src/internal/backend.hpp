@@ -100,6 +100,8 @@ class Backend {
   virtual void ireduceScatter(const Buffer& in, const Buffer& out, ReduceOp op, Requests& r) = 0;
   virtual void ibroadcast(const Buffer& buf, int root, Requests& r) = 0;
   virtual void ibarrier(Requests& r) = 0;
+  /// The most elements one of its collectives takes (MPI: 2^31-1, an int).
+  virtual size_t maxCount() const noexcept { return static_cast<size_t>(-1); }
   /// Whether iallReduce / ireduceScatter can reduce this dtype with this op on this backend.
   virtual bool reduces(DataType, ReduceOp) const noexcept { return true; }
 

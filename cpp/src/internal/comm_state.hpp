@@ -29,6 +29,8 @@ class Executor {
   /// Runs `w` now on this thread if nothing is queued or running, else queues it.
   /// Returns false if it was queued (the caller then waits on the Work).
   bool runInlineIfIdle(const std::shared_ptr<Work>& w);
+  /// Removes `w` from the queue if it has not started. True when it was removed.
+  bool remove(const std::shared_ptr<Work>& w);
   /// Waits until idle (up to timeoutSeconds) and stops the thread. False on timeout.
   bool drain(double timeoutSeconds);
   size_t inFlight();
@@ -65,12 +67,18 @@ class CommState {
   int rank() const noexcept { return host->rank(); }
   int size() const noexcept { return host->size(); }
 
+  /// Binds the communicator to the thread of its first collective; throws InvalidArgument on
+  /// a call from any other thread (two threads would issue the axis's collectives in a
+  /// different order on each rank, and their results would cross).
+  void claimThread();
+
   // Defaults and reliability.
   double defaultTimeout = 300.0;
   bool debug = false;
   bool abortOnTimeout = false;
   std::atomic<uint64_t> nextSeq{1};
   std::atomic<bool> poisoned{false};
+  std::atomic<std::thread::id> owner{};
   std::mutex poisonMu;
   std::string poisonReason;
   void poison(const std::string& why);

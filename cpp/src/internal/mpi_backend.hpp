@@ -32,6 +32,16 @@ std::unique_ptr<Backend> makeMpiBackend(MPI_Comm comm, bool owned, std::vector<i
 /// ctx's deadline: TimeoutError at the deadline, AbortedError when interrupted.
 void waitMpi(MPI_Request* reqs, int n, OpContext& ctx);
 
+/// Call before a blocking MPI call over every member of `comm` that has no non-blocking form
+/// (MPI_Comm_split, MPI_Comm_split_type, MPI_Win_allocate_shared, MPI_Comm_create_group): a
+/// member that is missing, late past the deadline, or leaves early must make the others raise,
+/// not block in MPI forever. Two barriers. The first is waited for with ctx (deadline, cancel,
+/// Ctrl-C); a member that leaves during it never posts the second, so the others time out
+/// there. A member that completed the first knows every member posted it and posts the second
+/// at once, so the second is waited for uninterruptibly, with at least kCommitGraceSeconds.
+void enterBlockingCall(MPI_Comm comm, OpContext& ctx);
+constexpr double kCommitGraceSeconds = 3.0;
+
 /// Host memory for scratch: 64-byte aligned (2 MiB and advised for huge pages from 2 MiB),
 /// every page written now, so the first operations do not pay the page faults.
 std::shared_ptr<void> allocateHost(size_t bytes);

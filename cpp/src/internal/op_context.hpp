@@ -1,6 +1,7 @@
 // What every wait inside an operation needs: the deadline, and the words for its error message.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -14,6 +15,15 @@ using Clock = std::chrono::steady_clock;
 /// passes (instead of overflowing the clock's integer representation).
 Clock::time_point deadlineAfter(Clock::time_point start, double seconds) noexcept;
 
+/// A deadline for the collective frees of teardown (shared-memory windows): set by
+/// Grid::finalize to its own deadline, so that no free waits past what finalize was given.
+void setTeardownDeadline(Clock::time_point t) noexcept;
+Clock::time_point teardownDeadline() noexcept;
+
+/// True in the child of a fork() made after fourd started (pthread_atfork): the parent's
+/// threads and MPI state are not the child's, so teardown touches neither.
+bool forkedChild() noexcept;
+
 /// One operation in flight. Built by Communicator when the operation starts running.
 struct OpContext {
   std::string op;         ///< "all_reduce", "all_gather", ...
@@ -25,6 +35,11 @@ struct OpContext {
   Clock::time_point deadline;
   double timeoutSeconds = 300.0;
   int tag = 0;  ///< MPI tag for this operation's point-to-point messages
+  /// Set by Work::cancel: every wait of the operation stops at its next poll (AbortedError).
+  const std::atomic<bool>* cancelled = nullptr;
+  /// False for the waits a member may not leave early (the commit step before a blocking MPI
+  /// call, mpi_backend.hpp): neither cancel nor Ctrl-C stops them, only the deadline.
+  bool interruptible = true;
 
   /// "all_reduce on axis 'x' (group of world ranks [0, 1], seq 5, algorithm ring)".
   std::string describe() const;

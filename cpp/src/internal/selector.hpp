@@ -8,7 +8,8 @@
 //      the calls of a size have chosen, provisionally or for good, that algorithm; while they
 //      explore, the choice is made as each call runs (select() returns kAuto);
 //   5. the cost model with the group's measured profile (cost_model.hpp), memoised per call
-//      shape and profile;
+//      shape and profile, each candidate priced by the geometric mean of its in-place and
+//      out-of-place predictions (placement may differ between ranks, the choice may not);
 // and the device: on GPU buffers only the algorithms the group's device backend can run are
 // candidates (flat and hierarchical), and auto takes hierarchical where the group's shape
 // supports it, else flat. Broadcast always runs the backend's own (flat); so does a one-rank
@@ -41,9 +42,13 @@ struct CallShape {
   DataType dtype = DataType::kFloat32;
   bool inPlace = false;
   DeviceType device = DeviceType::kCpu;
+  /// The largest element count the call passes to the backend's own collective (flat).
+  size_t count = 0;
 
+  /// The tuning's key. Placement is left out: it is the one property of a call that may
+  /// differ between the ranks of a group, and every rank must choose alike.
   Tuner::Key key() const {
-    return {static_cast<int>(collective), nbytes, static_cast<int>(dtype), inPlace};
+    return {static_cast<int>(collective), nbytes, static_cast<int>(dtype), false};
   }
 };
 
@@ -83,7 +88,9 @@ class Selector {
                                    const std::shared_ptr<const MachineProfile>& profile) const;
 
  private:
-  Algorithm modelChoice(const CallShape& call) const;
+  Algorithm modelChoice(const CallShape& call, const Group& runsOn) const;
+  /// Whether the call passes more elements than the backend's own collectives take.
+  bool flatTooLarge(const CallShape& call, const Group& runsOn, std::string* why) const;
   Algorithm tunedOrModel(const CallShape& call, const Group& runsOn) const;
   Algorithm deviceChoice(const CallShape& call, const Group& runsOn) const;
   static Algorithm envAlgorithm();
