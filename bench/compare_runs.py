@@ -8,6 +8,11 @@ implementation the geometric mean and the extremes. The noise it states is each 
 same-code difference: auto's cell against the cell of the algorithm auto ran, in the same run
 (summary.auto_check: median and largest), so a ratio is "beyond the noise" when it exceeds
 1 + the larger of the two runs' largest same-code differences.
+
+A machine that is slower or faster as a whole between the two runs moves every cell, the
+baselines too. So it also prints each fourd cell relative to its run's own baseline (the MPI
+cell of the same dtype, size and placement, or torch's where MPI has none, e.g. bfloat16):
+(fourd / baseline after) / (fourd / baseline before), the change of fourd alone.
 """
 
 from __future__ import annotations
@@ -46,8 +51,28 @@ def gmean(xs: list) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def relative(c: dict) -> dict:
+    """fourd cells divided by the same run's baseline cell (MPI, else torch)."""
+    out = {}
+    for k, t in c.items():
+        if k[6] != "fourd":
+            continue
+        base = None
+        for lib, alg in (("mpi", "mpi"), ("torch", "torch-gloo")):
+            base = c.get(k[:6] + (lib, alg))
+            if base:
+                break
+        if base:
+            out[k] = t / base
+    return out
+
+
 def compare(before: dict, after: dict) -> dict:
     b, a = cells(before), cells(after)
+    rb, ra = relative(b), relative(a)
+    rel: dict = {}
+    for k in sorted(set(rb) & set(ra)):
+        rel.setdefault(k[7], []).append(ra[k] / rb[k])
     common = sorted(set(b) & set(a))
     by_impl: dict = {}
     for k in common:
@@ -63,6 +88,7 @@ def compare(before: dict, after: dict) -> dict:
         "limit": limit,
         "beyond": beyond,
         "all": [a[k] / b[k] for k in common],
+        "relative": rel,
     }
 
 
@@ -88,6 +114,16 @@ def report(res: dict, label: str) -> str:
     for impl, rs in sorted(res["by_impl"].items()):
         v = [r for _, r in rs]
         lines.append(f"| {impl} | {len(v)} | {gmean(v):.3f} | {min(v):.3f} | {max(v):.3f} |")
+    if res["relative"]:
+        lines += [
+            "",
+            "fourd relative to its run's baseline (MPI, or torch for bfloat16), after / before:",
+            "",
+            "| algorithm | cells | geomean | min | max |",
+            "|---|---|---|---|---|",
+        ]
+        for alg, v in sorted(res["relative"].items()):
+            lines.append(f"| {alg} | {len(v)} | {gmean(v):.3f} | {min(v):.3f} | {max(v):.3f} |")
     if res["beyond"]:
         lines += ["", "Beyond the noise:", ""]
         for k, r in res["beyond"]:

@@ -14,8 +14,16 @@ of the row (the bench's `bound_us`) and the share of it that hierarchical and fl
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
+
+
+def load(path: str) -> dict:
+    """A recorded run: JSON, or gzipped JSON (the recordings over 500 KB are stored as .gz)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
 
 
 def _size(b: int) -> str:
@@ -103,7 +111,7 @@ def overhead_table(paths: list[str]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for p in paths:
-        doc = json.load(open(p))
+        doc = load(p)
         mode = doc.get("timing", {}).get("mode", "iteration")
         by = {}
         for r in doc["rows"]:
@@ -139,7 +147,7 @@ def main(argv=None) -> int:
         print(overhead_table(a.json))
         return 0
     for p in a.json:
-        print(result_table(json.load(open(p)), a.hier))
+        print(result_table(load(p), a.hier))
     return 0
 
 
