@@ -10,7 +10,17 @@ Run scripts as ``mpiexec -n N python -m mpi4py script.py`` so that one failing r
 
 from mpi4py import MPI  # noqa: F401  (initialises MPI before the native module loads)
 
-from . import _C
+try:
+    from . import _C
+except ImportError as _e:  # the MPI library fourd was built against is not found
+    if "libmpi" not in str(_e):
+        raise
+    raise ImportError(
+        f"fourd: cannot load its native module: {_e}. fourd was built against an MPI library "
+        f"that this environment does not have: install the MPICH wheel (pip install "
+        f"'fourd[mpich]'), or put the MPI fourd was built with on LD_LIBRARY_PATH, or build "
+        f'fourd against the MPI you have (README, "Using another MPI")'
+    ) from None
 from . import grid as _grid
 from ._tensor import Buffer
 from .errors import (
@@ -24,7 +34,7 @@ from .errors import (
     NotInitializedError,
     TimeoutError,
 )
-from .grid import Grid, finalize, get_grid, init, is_initialized
+from .grid import Explanation, Grid, Subgroup, finalize, get_grid, init, is_initialized
 
 _C.set_error_classes(_NATIVE_CLASSES)
 
@@ -48,6 +58,7 @@ def all_reduce(
     op="sum",
     *,
     output=None,
+    group=None,
     grid=None,
     algorithm="auto",
     async_op=False,
@@ -57,9 +68,12 @@ def all_reduce(
     """Reduce `tensor` over my group along `axis` (torch's all_reduce): in place, or into
     `output` (same count and dtype, not overlapping `tensor`) when given.
 
-    axis: "x", "y", "z", "data", "world", or a tuple of axis names (their combined group).
-    op: "sum", "prod", "min", "max", "avg" (floating types). algorithm: "auto", "flat", "ring",
-    "rhd", "hierarchical", "shm". accumulate_fp32: float16/bfloat16 partial sums kept in float32.
+    axis: "x", "y", "z", "data", "world", a tuple of axis names (their combined group), a
+    Grid.group(ranks), or a fourd parallel_state group; `group=` is torch's name for it (a
+    torch ProcessGroup of fourd's backend too). op: "sum", "prod", "min", "max", "avg"
+    (floating types) or torch's ReduceOp, also in the axis's place as torch puts it
+    (`all_reduce(t, ReduceOp.SUM)`). algorithm: "auto", "flat", "ring", "rhd",
+    "hierarchical", "shm". accumulate_fp32: float16/bfloat16 partial sums kept in float32.
     Returns a Work when async_op=True, else None.
     """
     g = _grid._current if grid is None else grid
@@ -70,6 +84,7 @@ def all_reduce(
         axis,
         op,
         output=output,
+        group=group,
         algorithm=algorithm,
         async_op=async_op,
         timeout=timeout,
@@ -78,11 +93,20 @@ def all_reduce(
 
 
 def all_gather(
-    output, input, axis="world", *, grid=None, algorithm="auto", async_op=False, timeout=None
+    output,
+    input,
+    axis="world",
+    *,
+    group=None,
+    grid=None,
+    algorithm="auto",
+    async_op=False,
+    timeout=None,
 ):
-    """output = the inputs of my group along `axis`, concatenated in group-rank order."""
+    """output = the inputs of my group along `axis`, concatenated in group-rank order; or a
+    list of one tensor per group rank (torch's form)."""
     return _g(grid).all_gather(
-        output, input, axis, algorithm=algorithm, async_op=async_op, timeout=timeout
+        output, input, axis, group=group, algorithm=algorithm, async_op=async_op, timeout=timeout
     )
 
 
@@ -92,18 +116,21 @@ def reduce_scatter(
     axis="world",
     op="sum",
     *,
+    group=None,
     grid=None,
     algorithm="auto",
     async_op=False,
     timeout=None,
     accumulate_fp32=False,
 ):
-    """input holds group-size blocks; the reduced block i ends on group rank i as `output`."""
+    """input holds group-size blocks (or is a list of one tensor per group rank: torch's
+    form); the reduced block i ends on group rank i as `output`."""
     return _g(grid).reduce_scatter(
         output,
         input,
         axis,
         op,
+        group=group,
         algorithm=algorithm,
         async_op=async_op,
         timeout=timeout,
@@ -111,19 +138,33 @@ def reduce_scatter(
     )
 
 
-def broadcast(tensor, src, axis="world", *, grid=None, async_op=False, timeout=None):
+def broadcast(tensor, src, axis="world", *, group=None, grid=None, async_op=False, timeout=None):
     """Copy `tensor` of group rank `src` (a rank within the group) to the whole group."""
-    return _g(grid).broadcast(tensor, src, axis, async_op=async_op, timeout=timeout)
+    return _g(grid).broadcast(tensor, src, axis, group=group, async_op=async_op, timeout=timeout)
 
 
-def barrier(axis="world", *, grid=None, timeout=None):
+def barrier(axis="world", *, group=None, grid=None, timeout=None):
     """Wait until every rank of my group along `axis` arrives."""
-    return _g(grid).barrier(axis, timeout=timeout)
+    return _g(grid).barrier(axis, group=group, timeout=timeout)
 
 
-def explain(collective, nbytes, axis="world", *, grid=None, dtype="float32", in_place=False):
-    """The algorithms `auto` considers for this call, their predicted times, and its choice."""
-    return _g(grid).explain(collective, nbytes, axis, dtype, in_place)
+def explain(
+    collective,
+    nbytes,
+    axis="world",
+    *,
+    grid=None,
+    dtype="float32",
+    in_place=False,
+    device="cpu",
+    verbose=False,
+):
+    """The algorithms `auto` considers for this call, their predicted times, and its choice:
+    a dict (`str()` of it, or verbose=True, prints a short table)."""
+    e = _g(grid).explain(collective, nbytes, axis, dtype, in_place, device)
+    if verbose:
+        print(e)
+    return e
 
 
 def build_info() -> dict:
@@ -175,11 +216,13 @@ __all__ = [
     "Buffer",
     "DTypeError",
     "Error",
+    "Explanation",
     "Grid",
     "HAVE_CUDA",
     "InvalidArgumentError",
     "MismatchError",
     "NotInitializedError",
+    "Subgroup",
     "TimeoutError",
     "Work",
     "all_gather",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
+import sys
 import threading
 import weakref
 
@@ -10,7 +13,13 @@ import numpy as np
 
 from . import _C
 from ._tensor import DTYPES, resolve
-from .errors import BackendError, InvalidArgumentError, NotInitializedError
+from .errors import (
+    AbortedError,
+    BackendError,
+    InvalidArgumentError,
+    NotInitializedError,
+    TimeoutError,
+)
 
 AXES = _C.AXES  # ("x", "y", "z", "data"), the native core's names
 _BIT = {a: 1 << i for i, a in enumerate(AXES)}
@@ -78,6 +87,92 @@ def _algo_code(algorithm) -> int:
     return _C.parse_algorithm(algorithm, "algorithm")
 
 
+def _is_op(value) -> bool:
+    """A reduce op given where an axis goes: torch's ReduceOp (or RedOpType), or an op name
+    (no axis is named like an op)."""
+    if isinstance(value, str):
+        try:
+            _C.parse_op(value, "op")
+            return True
+        except InvalidArgumentError:
+            return False
+    return type(value).__name__ in ("ReduceOp", "RedOpType")
+
+
+def _group_axis(group, axis):
+    """torch's group= as an axis: an axis name or tuple, a fourd group (parallel_state: its
+    mask), a Subgroup, or a torch ProcessGroup made by fourd's backend (its `fourd_axis`)."""
+    if axis != "world" and not _is_op(axis):
+        raise InvalidArgumentError(
+            f"group: given together with axis={axis!r}; name the group once (group= is "
+            f"torch's name for fourd's axis=)"
+        )
+    return getattr(group, "fourd_axis", group)
+
+
+def _like(t, count: int):
+    """An empty contiguous buffer of `count` elements of `t`'s kind (torch or numpy)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(t, torch.Tensor):
+        return torch.empty(count, dtype=t.dtype, device=t.device)
+    return np.empty(count, dtype=np.asarray(t).dtype)
+
+
+def _concatenated(parts):
+    """One contiguous buffer holding `parts` one after the other (torch's list forms)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat([p.detach().reshape(-1) for p in parts])
+    return np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+
+
+class _ListWork:
+    """The Work of torch's list form of all_gather: the gathered blocks are copied into the
+    list once the operation has completed."""
+
+    def __init__(self, work, finish):
+        self._work, self._finish, self._done = work, finish, False
+
+    def wait(self, timeout=None):
+        self._work.wait(timeout)
+        if not self._done:
+            self._done = True
+            self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    @property
+    def description(self) -> str:
+        return self._work.description
+
+
+def _gather_into_list(grid, outputs, input, axis, algorithm, async_op, timeout):
+    """torch's all_gather(tensor_list, tensor): gathered into one buffer, then split."""
+    n = int(getattr(input, "numel", lambda: np.asarray(input).size)())
+    if len(outputs) != grid.size(axis):
+        raise InvalidArgumentError(
+            f"output: expected a list of {grid.size(axis)} tensors (one per group rank), found "
+            f"{len(outputs)}"
+        )
+    flat = _like(input, n * len(outputs))
+
+    def finish():
+        for i, out in enumerate(outputs):
+            block = flat[i * n : (i + 1) * n]
+            if hasattr(out, "copy_"):
+                out.copy_(block.reshape(out.shape))
+            else:
+                np.copyto(out, block.reshape(out.shape))
+
+    w = grid.all_gather(flat, input, axis, algorithm=algorithm, async_op=async_op, timeout=timeout)
+    if async_op:
+        return _ListWork(w, finish)
+    finish()
+    return None
+
+
 def _algo_name(code: int) -> str:
     return _C.ALGORITHMS[code]
 
@@ -98,8 +193,104 @@ def _timeout(timeout) -> float:
     return t
 
 
+_FLAG_VALUES = {
+    "": False,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+}
+
+
 def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    """A FOURD_ switch: 1/true/yes/on or 0/false/no/off (unset: off); InvalidArgumentError
+    for any other value."""
+    raw = os.environ.get(name, "")
+    value = _FLAG_VALUES.get(raw.strip().lower())
+    if value is None:
+        raise InvalidArgumentError(
+            f"{name}: expected 1 or 0 (true/false, yes/no, on/off); found {raw!r}"
+        )
+    return value
+
+
+def _flag(value, arg: str) -> bool:
+    """A bool argument (async_op=, accumulate_fp32=, in_place=): a bool or 0/1, nothing else."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise InvalidArgumentError(f"{arg}: expected True or False, found {value!r}")
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InvalidArgumentError(f"nbytes: expected a byte count >= 0, found {value!r}")
+    return int(value)
+
+
+def _fmt_seconds(t: float) -> str:
+    if t != t or t == float("inf"):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t * 1e9:.3g} ns"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n} B"
+
+
+class Explanation(dict):
+    """What Grid.explain returns: a dict (its keys are documented there) that prints as a
+    short table."""
+
+    def __str__(self) -> str:
+        place = "in place" if self["in_place"] else "out of place"
+        lines = [
+            f"{self['collective']} of {_fmt_bytes(self['nbytes'])} {self['dtype']} ({place}) "
+            f"on axis '{self['axis']}' ({self['topology']}): auto runs {self['choice']} "
+            f"(chosen by {self['source']})",
+            f"  {'algorithm':<14}{'predicted':>12}{'correction':>12}  note",
+        ]
+        for r in self["candidates"]:
+            mark = "*" if r["algorithm"] == self["choice"] else " "
+            pred = _fmt_seconds(r["predicted_s"]) if r["candidate"] else "-"
+            corr = f"{r['correction']:.2f}" if r["candidate"] else ""
+            note = r["reason"]
+            lines.append(f"{mark} {r['algorithm']:<14}{pred:>12}{corr:>12}  {note}".rstrip())
+        t = self["tuning"]
+        tuned = f"tuning in use: {t['state']}"
+        if t.get("settled"):
+            tuned += f", runs {t['settled']}"
+        if t.get("candidates"):
+            tuned += f" (tried {', '.join(t['candidates'])})"
+        lines.append("  " + tuned)
+        return "\n".join(lines)
+
+
+class Subgroup:
+    """A group of world ranks of a grid (Grid.group), usable as `axis=` of every collective.
+    `ranks` are its world ranks in group-rank order."""
+
+    __slots__ = ("communicator", "ranks")
+
+    def __init__(self, communicator, ranks: tuple):
+        self.communicator = communicator
+        self.ranks = ranks
+
+    @property
+    def name(self) -> str:
+        return self.communicator.name
+
+    def __repr__(self) -> str:
+        return f"fourd.Subgroup({list(self.ranks)})"
 
 
 class Grid:
@@ -121,6 +312,7 @@ class Grid:
         # argument checks done once per distinct hashable combination (the hot path of small
         # messages). Cleared whenever what it derives from changes.
         self._calls: dict = {}
+        self._groups: dict = {}  # tuple of world ranks -> Subgroup
 
     def set_axis_algorithm(self, axis, algorithm: str) -> None:
         """Make `algorithm` the default of `axis` for calls that ask for "auto" (as
@@ -128,7 +320,7 @@ class Grid:
         The native selector applies it (explicit argument > this > FOURD_ALGORITHM > tuning
         in use > cost model)."""
         _algo_code(algorithm)
-        self._comm(axis_mask(axis)).default_algorithm = algorithm
+        self._comm_for(axis).default_algorithm = algorithm
 
     # ---- shape and ranks -------------------------------------------------------------------
     @property
@@ -153,10 +345,10 @@ class Grid:
         return self._mpi_comm
 
     def size(self, axis="world") -> int:
-        return self._comm(axis_mask(axis)).size
+        return self._comm_for(axis).size
 
     def rank(self, axis="world") -> int:
-        return self._comm(axis_mask(axis)).rank
+        return self._comm_for(axis).rank
 
     def coords(self, rank: int | None = None) -> dict:
         c = self._coords if rank is None else self._native.coords(rank)
@@ -164,7 +356,7 @@ class Grid:
 
     def ranks(self, axis="world") -> list:
         """World ranks of my group along `axis`, in group-rank order."""
-        return list(self._comm(axis_mask(axis)).world_ranks)
+        return list(self._comm_for(axis).world_ranks)
 
     def rank_of(self, **coords) -> int:
         c = [coords.get(a, self._coords[i]) for i, a in enumerate(AXES)]
@@ -172,7 +364,7 @@ class Grid:
 
     def topology(self, axis="world") -> dict:
         """How my group along `axis` sits on nodes: num_nodes, ranks_per_node, uniform, ..."""
-        return dict(self._comm(axis_mask(axis)).topology)
+        return dict(self._comm_for(axis).topology)
 
     def placement(self) -> list:
         """One row per world rank: host, node, local rank, grid coordinates."""
@@ -223,7 +415,28 @@ class Grid:
 
     def communicator(self, axis):
         """The native communicator of my group along `axis` (advanced use)."""
-        return self._comm(axis_mask(axis))
+        return self._comm_for(axis)
+
+    def group(self, ranks, timeout=None) -> Subgroup:
+        """The group of these world ranks, in this order (group rank i = ranks[i]), as an
+        `axis=` every collective takes. Collective over the listed ranks only; every member
+        passes the same list. Ranks that form an axis (or a combination) give that axis's
+        communicator; any other list gets a communicator of its own, with its topology, so
+        `auto` and `hierarchical` work on it."""
+        try:
+            ranks = [int(r) for r in ranks]
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"ranks: expected a list of world ranks, found {ranks!r}"
+            ) from None
+        if self._finalized:
+            raise NotInitializedError("fourd: this grid was finalized; call fourd.init() again")
+        key = tuple(ranks)
+        sub = self._groups.get(key)
+        if sub is None:
+            t = 0.0 if timeout is None else _timeout(timeout)
+            sub = self._groups[key] = Subgroup(self._native.group(ranks, t), key)
+        return sub
 
     def _comm(self, mask: int):
         c = self._comms.get(mask)
@@ -234,6 +447,13 @@ class Grid:
             self._comms[mask] = c
         return c
 
+    def _comm_for(self, axis):
+        """The native communicator of an axis argument: a name, a tuple of names, a mask
+        holder, or a Subgroup of this grid."""
+        if isinstance(axis, Subgroup):
+            return axis.communicator
+        return self._comm(axis_mask(axis))
+
     # ---- collectives -----------------------------------------------------------------------
     def all_reduce(
         self,
@@ -242,30 +462,63 @@ class Grid:
         op="sum",
         *,
         output=None,
+        group=None,
         algorithm="auto",
         async_op=False,
         timeout=None,
         accumulate_fp32=False,
     ):
         """Reduce `tensor` over the group along `axis`: in place, or into `output` (same count
-        and dtype, not overlapping `tensor`) when given."""
+        and dtype, not overlapping `tensor`) when given. `group=` is torch's name for the
+        axis (an axis, a fourd group, or a torch ProcessGroup of fourd's backend)."""
+        if group is not None:
+            axis = _group_axis(group, axis)
+        if async_op is not False and async_op is not True:
+            async_op = _flag(async_op, "async_op")
+        if accumulate_fp32 is not False and accumulate_fp32 is not True:
+            accumulate_fp32 = _flag(accumulate_fp32, "accumulate_fp32")
         try:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
             comm, opc, algc = self._plan_call(axis, op, algorithm)
         tmo = 0.0 if timeout is None else _timeout(timeout)
         if output is None:
-            if (
-                not async_op
-                and type(tensor) is np.ndarray
-                and comm.all_reduce_array(tensor, opc, algc, tmo, accumulate_fp32)
-            ):
-                return None  # the common blocking numpy call, in one native call
+            if not async_op and type(tensor) is np.ndarray:
+                try:  # the common blocking numpy call, in one native call
+                    if comm.all_reduce_array(tensor, opc, algc, tmo, accumulate_fp32):
+                        return None
+                except _FAILED:
+                    _quarantine(tensor)
+                    raise
             p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
-            return comm.all_reduce(
-                p,
-                p,
+            try:
+                return comm.all_reduce(
+                    p,
+                    p,
+                    n,
+                    dt,
+                    dev,
+                    idx,
+                    st,
+                    opc,
+                    algc,
+                    tmo,
+                    async_op,
+                    accumulate_fp32,
+                    tensor if async_op else None,
+                )
+            except _FAILED:
+                _quarantine(tensor)
+                raise
+        ip, n, dt, dev, idx, st = resolve(tensor, "tensor", False)
+        op_, oc, odt, odev, _, _ = resolve(output, "output", True)
+        _check_pair(dt, odt, dev, odev)
+        try:
+            return comm.all_reduce_into(
+                ip,
                 n,
+                op_,
+                oc,
                 dt,
                 dev,
                 idx,
@@ -275,31 +528,17 @@ class Grid:
                 tmo,
                 async_op,
                 accumulate_fp32,
-                tensor if async_op else None,
+                (output, tensor) if async_op else None,
             )
-        ip, n, dt, dev, idx, st = resolve(tensor, "tensor", False)
-        op_, oc, odt, odev, _, _ = resolve(output, "output", True)
-        _check_pair(dt, odt, dev, odev)
-        return comm.all_reduce_into(
-            ip,
-            n,
-            op_,
-            oc,
-            dt,
-            dev,
-            idx,
-            st,
-            opc,
-            algc,
-            tmo,
-            async_op,
-            accumulate_fp32,
-            (output, tensor) if async_op else None,
-        )
+        except _FAILED:
+            _quarantine(output, tensor)
+            raise
 
     def _plan_call(self, axis, op, algorithm):
-        mask = axis_mask(axis)
-        plan = (self._comm(mask), _op_code(op), _algo_code(algorithm))
+        if _is_op(axis):  # torch's habit: all_reduce(t, ReduceOp.SUM), the op where axis goes
+            plan = (self._comm_for("world"), _op_code(axis), _algo_code(algorithm))
+        else:
+            plan = (self._comm_for(axis), _op_code(op), _algo_code(algorithm))
         try:
             if len(self._calls) < 256:
                 self._calls[(axis, op, algorithm)] = plan
@@ -308,9 +547,24 @@ class Grid:
         return plan
 
     def all_gather(
-        self, output, input, axis="world", *, algorithm="auto", async_op=False, timeout=None
+        self,
+        output,
+        input,
+        axis="world",
+        *,
+        group=None,
+        algorithm="auto",
+        async_op=False,
+        timeout=None,
     ):
-        """output = the inputs of the group along `axis`, concatenated in group-rank order."""
+        """output = the inputs of the group along `axis`, concatenated in group-rank order.
+        `output` may also be a list of one tensor per group rank (torch's form)."""
+        if group is not None:
+            axis = _group_axis(group, axis)
+        if isinstance(output, (list, tuple)):
+            return _gather_into_list(self, output, input, axis, algorithm, async_op, timeout)
+        if async_op is not False and async_op is not True:
+            async_op = _flag(async_op, "async_op")
         try:
             comm, _, algc = self._calls[(axis, "sum", algorithm)]
         except (KeyError, TypeError):
@@ -318,20 +572,24 @@ class Grid:
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
-        return comm.all_gather(
-            ip,
-            ic,
-            op_,
-            oc,
-            idt,
-            dev,
-            idx,
-            st,
-            algc,
-            0.0 if timeout is None else _timeout(timeout),
-            async_op,
-            (output, input) if async_op else None,
-        )
+        try:
+            return comm.all_gather(
+                ip,
+                ic,
+                op_,
+                oc,
+                idt,
+                dev,
+                idx,
+                st,
+                algc,
+                0.0 if timeout is None else _timeout(timeout),
+                async_op,
+                (output, input) if async_op else None,
+            )
+        except _FAILED:
+            _quarantine(output, input)
+            raise
 
     def reduce_scatter(
         self,
@@ -340,12 +598,22 @@ class Grid:
         axis="world",
         op="sum",
         *,
+        group=None,
         algorithm="auto",
         async_op=False,
         timeout=None,
         accumulate_fp32=False,
     ):
-        """Reduce `input` (group-size blocks) over the group; block i ends on group rank i."""
+        """Reduce `input` (group-size blocks) over the group; block i ends on group rank i.
+        `input` may also be a list of one tensor per group rank (torch's form)."""
+        if group is not None:
+            axis = _group_axis(group, axis)
+        if isinstance(input, (list, tuple)):
+            input = _concatenated(input)
+        if async_op is not False and async_op is not True:
+            async_op = _flag(async_op, "async_op")
+        if accumulate_fp32 is not False and accumulate_fp32 is not True:
+            accumulate_fp32 = _flag(accumulate_fp32, "accumulate_fp32")
         try:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
@@ -353,35 +621,58 @@ class Grid:
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
-        return comm.reduce_scatter(
-            ip,
-            ic,
-            op_,
-            oc,
-            idt,
-            dev,
-            idx,
-            st,
-            opc,
-            algc,
-            0.0 if timeout is None else _timeout(timeout),
-            async_op,
-            accumulate_fp32,
-            (output, input) if async_op else None,
-        )
+        try:
+            return comm.reduce_scatter(
+                ip,
+                ic,
+                op_,
+                oc,
+                idt,
+                dev,
+                idx,
+                st,
+                opc,
+                algc,
+                0.0 if timeout is None else _timeout(timeout),
+                async_op,
+                accumulate_fp32,
+                (output, input) if async_op else None,
+            )
+        except _FAILED:
+            _quarantine(output, input)
+            raise
 
-    def broadcast(self, tensor, src, axis="world", *, async_op=False, timeout=None):
+    def broadcast(self, tensor, src, axis="world", *, group=None, async_op=False, timeout=None):
         """Copy `tensor` of group rank `src` to every rank of the group along `axis`."""
-        comm = self._comm(axis_mask(axis))
+        if group is not None:
+            axis = _group_axis(group, axis)
+        if async_op is not False and async_op is not True:
+            async_op = _flag(async_op, "async_op")
+        comm = self._comm_for(axis)
         if not isinstance(src, int) or isinstance(src, bool):
             raise InvalidArgumentError(f"src: expected a group rank (int), found {src!r}")
         p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
-        return comm.broadcast(
-            p, n, dt, dev, idx, st, src, _timeout(timeout), async_op, tensor if async_op else None
-        )
+        try:
+            return comm.broadcast(
+                p,
+                n,
+                dt,
+                dev,
+                idx,
+                st,
+                src,
+                _timeout(timeout),
+                async_op,
+                tensor if async_op else None,
+            )
+        except _FAILED:
+            _quarantine(tensor)
+            raise
 
-    def barrier(self, axis="world", *, timeout=None):
-        self._comm(axis_mask(axis)).barrier(_timeout(timeout))
+    def barrier(self, axis="world", *, group=None, timeout=None):
+        if group is not None:
+            axis = _group_axis(group, axis)
+        self._comm_for(axis).barrier(_timeout(timeout))
 
     def explain(
         self,
@@ -393,30 +684,36 @@ class Grid:
         device: str = "cpu",
     ) -> dict:
         """The candidates `auto` considers for this call, with predicted times and whether each
-        can run, and its choice: the native selector's answer (internal/selector.hpp), for
+        can run (`supported`: a request by name runs; `candidate`: auto may pick it; `reason`
+        says why either is false, or why a runnable algorithm is no candidate), and its choice:
+        the native selector's answer (internal/selector.hpp), for
         buffers on `device` ("cpu" or "cuda"). "source" says where the choice comes from
         ("plan", "FOURD_ALGORITHM", "tuning", "model", "device", "broadcast", "one rank");
         "tuning" is what tuning in use knows of the call. `in_place`: the call's output is its
         input (all_reduce), or holds it as this rank's block (all_gather, reduce_scatter);
         measured corrections of the model may differ."""
-        comm = self._comm(axis_mask(axis))
-        n, ip = int(nbytes), bool(in_place)
+        comm = self._comm_for(axis)
+        n, ip = _nbytes(nbytes), _flag(in_place, "in_place")
         e = comm.explain(collective, n, dtype, ip, device)
-        return {
-            "collective": collective,
-            "nbytes": n,
-            "axis": mask_name(axis_mask(axis)),
-            "dtype": dtype,
-            "in_place": ip,
-            "device": device,
-            "topology": comm.topology["description"],
-            "candidates": e["candidates"],
-            "choice": e["choice"],
-            "source": e["source"],
-            "forced_by_env": e["source"] == "FOURD_ALGORITHM",
-            "set_by_plan": e["source"] == "plan",
-            "tuning": comm.tuning(collective, n, dtype, ip),
-        }
+        for r in e["candidates"]:
+            r["candidate"] = bool(r["supported"]) and math.isfinite(r["predicted_s"])
+        return Explanation(
+            {
+                "collective": collective,
+                "nbytes": n,
+                "axis": comm.name,
+                "dtype": dtype,
+                "in_place": ip,
+                "device": device,
+                "topology": comm.topology["description"],
+                "candidates": e["candidates"],
+                "choice": e["choice"],
+                "source": e["source"],
+                "forced_by_env": e["source"] == "FOURD_ALGORITHM",
+                "set_by_plan": e["source"] == "plan",
+                "tuning": comm.tuning(collective, n, dtype, ip),
+            }
+        )
 
     def tuning(
         self,
@@ -428,7 +725,9 @@ class Grid:
     ) -> dict:
         """What tuning in use knows of this call (``explain(...)["tuning"]``, without pricing
         the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap."""
-        return self._comm(axis_mask(axis)).tuning(collective, int(nbytes), dtype, bool(in_place))
+        return self._comm_for(axis).tuning(
+            collective, _nbytes(nbytes), dtype, _flag(in_place, "in_place")
+        )
 
     def algorithm_for(
         self,
@@ -443,8 +742,8 @@ class Grid:
         axis default set by a plan, else FOURD_ALGORITHM, else what tuning in use chose,
         provisionally or for good, else the cost model's choice; while the calls of a size
         explore, they run its shortlist in turn)."""
-        return self._comm(axis_mask(axis)).choose(
-            collective, int(nbytes), dtype, bool(in_place), device
+        return self._comm_for(axis).choose(
+            collective, _nbytes(nbytes), dtype, _flag(in_place, "in_place"), device
         )
 
     def finalize(self, timeout: float | None = None) -> bool:
@@ -454,6 +753,7 @@ class Grid:
         self._finalized = True
         self._comms.clear()
         self._calls.clear()
+        self._groups.clear()
         t = default_timeout() if timeout is None else float(timeout)
         return self._native.finalize(t)
 
@@ -505,6 +805,35 @@ def default_timeout() -> float:
     return 300.0
 
 
+# Buffers of operations that failed (timeout, interrupt, backend error) while the MPI library
+# may still write them: a collective the library started cannot be cancelled, and completes
+# when the late peers arrive. They are kept alive for the rest of the process, and a torch
+# tensor among them gets fresh storage (holding its current values), so that the caller can
+# go on using the tensor while the library writes only into the old storage. Other tensors
+# that view the same storage, and numpy arrays, keep the old memory (docs/errors.md).
+_QUARANTINE: list = []
+
+
+def _quarantine(*objs) -> None:
+    torch = sys.modules.get("torch")
+    for o in objs:
+        if o is None:
+            continue
+        if torch is not None and isinstance(o, torch.Tensor) and o.device.type == "cpu":
+            old = torch.empty(0, dtype=o.dtype).set_(
+                o.untyped_storage(), o.storage_offset(), o.size(), o.stride()
+            )
+            fresh = o.detach().clone(memory_format=torch.contiguous_format)
+            o.data.set_(fresh.untyped_storage(), 0, o.size(), fresh.stride())
+            _QUARANTINE.append(old)
+        else:
+            _QUARANTINE.append(o)
+
+
+# What a collective's caller sees when its buffers may still be written (quarantined above).
+_FAILED = (TimeoutError, AbortedError, BackendError, KeyboardInterrupt)
+
+
 _state = threading.local()
 # Called with the new Grid at the end of init(), before it becomes current. The layer above
 # (fourd/__init__.py) registers the profile policy here, so that grid.py imports nothing of it.
@@ -539,10 +868,14 @@ def _mpi_library_problem(
     if abi_mismatch:
         return abi_mismatch
 
-    def first(v: str) -> str:
-        return v.strip().splitlines()[0] if v.strip() else "?"
+    def clean(v: str) -> str:
+        # Open MPI counts the terminating NUL in the length it returns: mpi4py keeps it.
+        return v.replace("\x00", "").strip()
 
-    if mpi4py_version.strip() != fourd_version.strip() or (
+    def first(v: str) -> str:
+        return clean(v).splitlines()[0] if clean(v) else "?"
+
+    if clean(mpi4py_version) != clean(fourd_version) or (
         mpi4py_initialized and not fourd_initialized
     ):
         return (
@@ -550,7 +883,8 @@ def _mpi_library_problem(
             f'(mpi4py: "{first(mpi4py_version)}"; fourd: "{first(fourd_version)}"), so '
             "mpi4py's communicators mean nothing to fourd. Use one MPI for both: build fourd "
             "against the MPI that mpi4py uses (see mpi4py.get_config()), or install mpi4py "
-            "and the MPI fourd was built with (pip install --force-reinstall mpich mpi4py)."
+            'against the MPI fourd was built with (README, "Using another MPI"; for the '
+            "MPICH wheel: pip install 'fourd[mpich]' mpi4py)."
         )
     return None
 
@@ -575,7 +909,7 @@ def _grid_sizes(x, y, z, data, world: int):
     error = None
     sizes = []
     for name, v in zip(AXES[:3], (x, y, z)):
-        if not isinstance(v, int) or isinstance(v, bool):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v < 2**31:
             error = error or InvalidArgumentError(
                 f"{name}: expected an integer grid size >= 1, found {v!r}"
             )
@@ -586,7 +920,7 @@ def _grid_sizes(x, y, z, data, world: int):
         # product on every rank (so no rank is left waiting).
         xyz = sizes[0] * sizes[1] * sizes[2]
         data = max(1, world // xyz) if xyz > 0 else 1
-    elif not isinstance(data, int) or isinstance(data, bool):
+    elif not isinstance(data, int) or isinstance(data, bool) or not 1 <= data < 2**31:
         error = error or InvalidArgumentError(
             f"data: expected an integer grid size >= 1 or None, found {data!r}"
         )
@@ -609,7 +943,7 @@ def _ranks_per_node(ranks_per_node):
                 f"FOURD_RANKS_PER_NODE: expected an integer >= 1, found {env!r}"
             )
     ok = isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
-    if ok and ranks_per_node >= 1:
+    if ok and 1 <= ranks_per_node < 2**31:
         return ranks_per_node, None
     return -1, InvalidArgumentError(
         f"ranks_per_node: expected None or an integer >= 1, found {ranks_per_node!r}"
@@ -658,9 +992,17 @@ def init(
         data = kw.get("data", data)
         order = kw.get("order", order)
     comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Comm) or comm == MPI.COMM_NULL:
+        raise InvalidArgumentError(f"comm: expected an mpi4py communicator, found {comm!r}")
     args, local_error = _native_args(x, y, z, data, order, ranks_per_node, timeout, comm.Get_size())
-    dbg = _env_flag("FOURD_DEBUG") if debug is None else bool(debug)
-    abort = _env_flag("FOURD_ABORT_ON_TIMEOUT")
+    try:
+        dbg = _env_flag("FOURD_DEBUG") if debug is None else _flag(debug, "debug")
+        abort = _env_flag("FOURD_ABORT_ON_TIMEOUT")
+    except InvalidArgumentError as e:
+        # Raised once every rank has compared its arguments (an invalid timeout marks this
+        # rank's as invalid there), so that no rank is left waiting.
+        local_error, dbg, abort = local_error or e, False, False
+        args = (*args[:3], -1.0)
     try:
         native = _C.Grid(comm.py2f(), *args, dbg, abort)
     except Exception:
@@ -679,6 +1021,23 @@ def init(
         _all_grids.add(g)
         _was_finalized = False
     return g
+
+
+def _after_fork_in_child() -> None:
+    """A child of fork(): the grids, their MPI state and their progress threads are the
+    parent's. The child forgets them (finalize and garbage collection then touch nothing: the
+    native side leaks them, see forkedChild() in op_context.hpp)."""
+    global _current, _was_finalized
+    for g in list(_all_grids):
+        g._finalized = True
+        g._comms.clear()
+        g._calls.clear()
+        g._groups.clear()
+    _current = None
+    _was_finalized = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_grid() -> Grid:

@@ -568,6 +568,32 @@ def _master_address(comm) -> str:
     return comm.bcast(addr, root=0)
 
 
+def _listening_store(dist, addr: str, size: int, timeout):
+    """Rank 0's TCPStore, listening on `addr` only (loopback when every rank shares this
+    host): the socket is bound here and handed over, since TCPStore alone listens on every
+    interface. Returns (store, port)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, 0))
+        sock.listen(max(128, size))
+        port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    store = dist.TCPStore(
+        addr,
+        port,
+        size,
+        True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )
+    return store, port
+
+
 def _start_torch_distributed(comm, backend: str | None) -> None:
     """torch.distributed.init_process_group over the processes of `comm`, torch rank = rank
     in `comm`: rank 0 opens a TCPStore on a free port and tells the others over MPI. backend:
@@ -583,15 +609,7 @@ def _start_torch_distributed(comm, backend: str | None) -> None:
     store, err = None, None
     if rank == 0:
         try:
-            store = dist.TCPStore(
-                addr if addr != "127.0.0.1" else "127.0.0.1",
-                0,
-                size,
-                True,
-                timeout=timeout,
-                wait_for_workers=False,
-            )
-            port = store.port
+            store, port = _listening_store(dist, addr, size, timeout)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             err, port = repr(e), -1
     else:

@@ -15,7 +15,11 @@ MPI_DIR = Path(__file__).resolve().parent / "mpi"
 
 
 def mpiexec() -> str:
-    """The mpiexec beside this Python (the mpich wheel's), never another one on PATH."""
+    """FOURD_MPIEXEC when set (a cluster MPI's launcher), else the mpiexec beside this Python
+    (the mpich wheel's), never another one on PATH."""
+    named = os.environ.get("FOURD_MPIEXEC")
+    if named:
+        return named
     exe = Path(sys.executable).parent / "mpiexec"
     if not exe.exists():
         pytest.fail(

@@ -61,6 +61,12 @@ def _cluster_unavailable() -> str | None:
         return f"missing tools: {', '.join(missing)} (iproute2, util-linux, coreutils)"
     if not MPIEXEC.exists():
         return f"no mpiexec next to {sys.executable} (the mpich wheel is not installed)"
+    # The harness drives MPICH's launcher (hydra: -launcher ssh -launcher-exec ...).
+    version = subprocess.run(
+        [str(MPIEXEC), "--version"], capture_output=True, text=True, check=False
+    ).stdout
+    if "HYDRA" not in version.upper():
+        return f"the harness needs MPICH's hydra launcher; {MPIEXEC} is another MPI's"
     probe = f"fourd-probe-{os.getpid()}"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
     if r.returncode != 0:

@@ -110,8 +110,11 @@ def test_interpreter_exit_with_operations_in_flight():
 
 
 def test_soak_10000_async_operations():
-    r = run_mpi(4, [f"{FAULTS}/soak.py", "10000"], timeout=600)
+    """With faults injected on grids of their own (soak.py): a rank that times out and reuses
+    its buffer, Ctrl-C during a wait, threads on different axes."""
+    r = run_mpi(4, [f"{FAULTS}/soak.py", "10000", "faults"], timeout=600)
     assert r.stdout.count("SOAK checked=10000") == 4, r.stdout[-3000:]
+    assert r.stdout.count("faults=3") == 4, r.stdout[-3000:]
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -349,7 +349,15 @@ def _median_rounds(
                 call()
             times[r, i] = (time.perf_counter() - t0) / m
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return np.median(times, axis=0)
+    med = np.median(times, axis=0)
+    q1, q3 = np.percentile(times, [25, 75], axis=0)
+    _SPREADS.extend(float(x) for x in (q3 - q1) / np.maximum(med, 1e-12))
+    return med
+
+
+# The relative spread (interquartile range over median) of the rounds of every call timed by
+# the current measurement: a busy machine spreads them (fit.busy reads their median).
+_SPREADS: list = []
 
 
 def measure_corrections(
@@ -398,7 +406,7 @@ def measure_corrections(
     out = []
     for collective, dtypes, placements in plan:
         ex = grid.explain(collective, sizes[-1], axis)
-        algs = [c["algorithm"] for c in ex["candidates"] if c["supported"]]
+        algs = [c["algorithm"] for c in ex["candidates"] if c["candidate"]]
         for dtype in dtypes:
             out += run.sweep(collective, dtype, placements, algs, sizes)
     return out
@@ -530,11 +538,18 @@ def measure(grid) -> dict:
     comm = grid.mpi_comm.Dup()
     try:
         t0 = time.perf_counter()
+        load0 = os.getloadavg()[0]
+        _SPREADS.clear()
         d = _links_and_kernels(grid, comm)
         axis = _one_node_axis(grid)
         d = _solved_collectives(grid, comm, d, axis)
         d = _all_corrections(grid, comm, d, axis)
         d["calibration_seconds"] = time.perf_counter() - t0
+        # Rank 0's figures, the same on every rank.
+        d["calibration_spread"], d["calibration_load"] = comm.bcast(
+            (float(np.median(_SPREADS)) if _SPREADS else 0.0, (load0, os.getloadavg()[0])),
+            root=0,
+        )
         return d
     finally:
         comm.Free()

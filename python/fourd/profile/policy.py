@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
+import warnings
 
 from mpi4py import MPI
 
@@ -40,60 +42,155 @@ from .store import VERSION, cache_path, load, save, save_profile
 _memo: dict = {}  # path -> profile dict (rank 0 only), so repeated init() reads a file once
 
 
-def _off(v: str) -> bool:
-    return v.strip().lower() in ("0", "false", "no", "off")
+_CALIBRATE_VALUES = {
+    "": "auto",
+    "auto": "auto",
+    "1": "auto",
+    "on": "auto",
+    "true": "auto",
+    "yes": "auto",
+    "force": "force",
+    "0": "off",
+    "off": "off",
+    "false": "off",
+    "no": "off",
+}
 
 
-def _decide(grid):
-    """Rank 0: ("profile", dict, source) | ("defaults", None, why) | ("measure", None, path)
-    | ("error", message, None)."""
+def calibrate_mode() -> str:
+    """FOURD_CALIBRATE as "auto" (use the cache, measure when there is none), "force" or
+    "off"; InvalidArgumentError for any other value."""
+    raw = os.environ.get("FOURD_CALIBRATE", "")
+    mode = _CALIBRATE_VALUES.get(raw.strip().lower())
+    if mode is None:
+        raise InvalidArgumentError(
+            f"FOURD_CALIBRATE: expected 1 (or unset: use the cache, measure without one), "
+            f"force (measure again) or 0 (keep the built-in defaults); found {raw!r}"
+        )
+    return mode
+
+
+def _cached(cache: str):
+    """("profile", dict, cache) from a valid cache file, else None: missing, or written by
+    another calibration version (measured again silently), or unreadable or invalid (measured
+    again, with a warning naming the file)."""
+    if cache in _memo:
+        return ("profile", _memo[cache], cache)
+    if not os.path.exists(cache):
+        return None
+    try:
+        d = load(cache, version=VERSION)
+    except InvalidArgumentError as e:
+        if "another calibration version" not in str(e):
+            warnings.warn(
+                f"fourd: the cached profile {cache} is not valid ({e}); measuring again and "
+                f"replacing it (FOURD_CALIBRATE=force does this on purpose)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return None
+    _memo[cache] = d
+    return ("profile", d, cache)
+
+
+def _decide_here(grid):
     path = os.environ.get("FOURD_PROFILE", "").strip()
     if path:
-        try:
-            return ("profile", load(path), path)
-        except InvalidArgumentError as e:
-            return ("error", str(e), None)
-    flag = os.environ.get("FOURD_CALIBRATE", "").strip()
-    if _off(flag):
+        return ("profile", load(path), path)
+    mode = calibrate_mode()
+    if mode == "off":
         return ("defaults", None, "FOURD_CALIBRATE=0")
     if grid.world_size < 2:
         return ("defaults", None, "one rank")
     cache = cache_path(grid)
-    if flag.lower() != "force":
-        if cache in _memo:
-            return ("profile", _memo[cache], cache)
-        if os.path.exists(cache):
-            try:
-                d = load(cache, version=VERSION)
-                _memo[cache] = d
-                return ("profile", d, cache)
-            except InvalidArgumentError:
-                pass  # unreadable or outdated cache: measure again and overwrite it
-    return ("measure", None, cache)
+    return (_cached(cache) if mode == "auto" else None) or ("measure", None, cache)
+
+
+def _decide(grid):
+    """Rank 0: ("profile", dict, source) | ("defaults", None, why) | ("measure", None, path)
+    | ("error", message, None). Never raises: whatever goes wrong here is broadcast as an
+    error, so that no rank is left waiting for rank 0's decision."""
+    try:
+        return _decide_here(grid)
+    except Exception as e:  # noqa: BLE001 - every failure must reach the other ranks
+        return (
+            "error",
+            f"{type(e).__name__}: {e}" if not isinstance(e, InvalidArgumentError) else str(e),
+            None,
+        )
+
+
+# The median spread of the calibration's repeated timings (interquartile range over median)
+# above which the machine counts as busy: the profile serves this run and is not cached.
+BUSY_SPREAD = 0.25
+
+
+def _say(grid, msg: str) -> None:
+    """A line on rank 0's stderr: the calibration says what it is doing."""
+    if grid.mpi_comm.Get_rank() == 0:
+        sys.stderr.write(f"fourd: {msg}\n")
+        sys.stderr.flush()
 
 
 def _measure_and_save(grid, path: str) -> dict:
-    """Measures the grid's profile (collective) and, on rank 0, caches it at `path`."""
+    """Measures the grid's profile (collective) and, on rank 0, caches it at `path` unless the
+    timings show a busy machine."""
+    _say(
+        grid,
+        f"measuring this machine for algorithm='auto' ({grid.world_size} ranks, "
+        f"{grid.num_nodes} node{'s' if grid.num_nodes > 1 else ''}): 5-60 s, once per "
+        f"layout (FOURD_CALIBRATE=0 skips it, `python -m fourd calibrate` does it ahead)",
+    )
     payload = measure(grid)
+    spread = payload.get("calibration_spread", 0.0)
+    load = payload.get("calibration_load", (0.0, 0.0))
+    busy = spread > BUSY_SPREAD
     if grid.mpi_comm.Get_rank() == 0:
         _memo[path] = {k: v for k, v in payload.items() if k in FIELDS}
-        try:
-            save(
-                _memo[path],
-                path,
-                {
-                    "version": VERSION,
-                    "host": socket.gethostname(),
-                    "world_size": grid.world_size,
-                    "nodes": grid.num_nodes,
-                    "virtual_topology": grid.virtual_topology,
-                    "seconds": payload.get("calibration_seconds"),
-                    "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                },
+        meta = {
+            "version": VERSION,
+            "host": socket.gethostname(),
+            "world_size": grid.world_size,
+            "nodes": grid.num_nodes,
+            "virtual_topology": grid.virtual_topology,
+            "seconds": payload.get("calibration_seconds"),
+            "spread": spread,
+            "load_1min": list(load),
+            "cores": os.cpu_count(),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if busy:
+            _memo.pop(path, None)  # measured again by the next init
+            warnings.warn(
+                f"fourd: the calibration's repeated timings spread by {100 * spread:.0f}% "
+                f"(median; a quiet machine stays under {100 * BUSY_SPREAD:.0f}%; load "
+                f"{load[0]:.1f} before, {load[1]:.1f} after, {os.cpu_count()} cores): the "
+                f"machine looks busy. This profile serves this run only and is not cached; "
+                f"measure on a quiet machine with `python -m fourd calibrate`",
+                RuntimeWarning,
+                stacklevel=2,
             )
-        except OSError:
-            pass  # a read-only home: the profile still applies to this run
+        else:
+            _save_cache(path, _memo[path], meta)
+    _say(
+        grid,
+        f"measured in {payload.get('calibration_seconds', 0.0):.1f} s "
+        f"(spread {100 * spread:.0f}%)"
+        + ("; not cached (busy)" if busy else f"; cached at {path}"),
+    )
     return payload
+
+
+def _save_cache(path: str, fields: dict, meta: dict) -> None:
+    try:
+        save(fields, path, meta)
+    except OSError as e:  # a read-only home, a directory in the way
+        warnings.warn(
+            f"fourd: cannot cache the measured profile at {path} ({e}); it applies to this "
+            f"run only, and the next init of this layout measures again",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def apply(grid) -> dict:

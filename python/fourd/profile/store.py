@@ -35,9 +35,9 @@ def load(path: str, version: int | None = None) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # deep nesting: RecursionError
         raise InvalidArgumentError(
-            f"FOURD_PROFILE: cannot read profile file {path!r}: {e}"
+            f"cannot read profile file {path!r}: {type(e).__name__}: {str(e)[:200]}"
         ) from None
     if version is not None:
         meta = d.get("fourd_calibration") if isinstance(d, dict) else None
@@ -47,25 +47,50 @@ def load(path: str, version: int | None = None) -> dict:
         d = d["profile"]
     if not isinstance(d, dict) or not any(k in d for k in FIELDS):
         raise InvalidArgumentError(
-            f"FOURD_PROFILE: {path!r} holds no profile fields; expected some of {', '.join(FIELDS)}"
+            f"{path!r} holds no profile fields; expected some of {', '.join(FIELDS)}"
         )
-    return {k: v for k, v in d.items() if k in FIELDS}
+    fields = {k: v for k, v in d.items() if k in FIELDS}
+    check(fields, path)
+    return fields
+
+
+def check(fields: dict, path: str) -> None:
+    """Raises InvalidArgumentError naming `path` and the field when the values do not make a
+    valid profile (a string where a number belongs, a negative or NaN bandwidth, zero
+    chunks, a malformed correction)."""
+    from .. import _C
+
+    try:
+        _C.MachineProfile(**fields).check()
+    except (InvalidArgumentError, TypeError, ValueError, RecursionError) as e:
+        raise InvalidArgumentError(f"{path!r}: {str(e)[:300]}") from None
 
 
 def save(d: dict, path: str, meta: dict | None = None) -> None:
     """Writes a calibration file atomically (a temporary file, then rename), so that ranks of
     another job reading the cache never see half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path!r} is a directory")
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(
-            {"fourd_calibration": meta or {"version": VERSION}, "profile": d},
-            f,
-            indent=2,
-            sort_keys=True,
-        )
-        f.write("\n")
-    os.replace(tmp, path)
+    # A new file of our own: never follow a link planted under the temporary name.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(
+                {"fourd_calibration": meta or {"version": VERSION}, "profile": d},
+                f,
+                indent=2,
+                sort_keys=True,
+            )
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def cache_path(grid) -> str:
