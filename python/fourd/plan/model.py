@@ -41,6 +41,34 @@ ALGORITHMS = _C.ALGORITHMS[1:]
 # context, communication buffers and allocator fragmentation.
 USABLE_MEMORY_FRACTION = 0.9
 
+# The structural choices a plan makes, each a yes/no question about its grid:
+# key -> (test, the structure when yes, the structure when no).
+STRUCTURES = {
+    "tensor": (
+        lambda g: g.x * g.y > 1,
+        "with tensor parallelism on x/y (Gx Gy > 1)",
+        "without tensor parallelism (Gx = Gy = 1)",
+    ),
+    "z": (lambda g: g.z > 1, "with z sharding (Gz > 1)", "without z sharding (Gz = 1)"),
+    "data": (
+        lambda g: g.data > 1,
+        "with data parallelism (Gdata > 1)",
+        "without data parallelism (Gdata = 1)",
+    ),
+}
+
+# TransformerSpec.micro_batch that lets evaluate choose the micro-batch of each grid.
+AUTO_MICRO_BATCH = 0
+
+# How much slower the traffic that hides under compute is taken to run when the planner says
+# what the step depends on: the validation's bound on the collective model's median error
+# (docs/planner.md, section 5.1), which overlap's contention for the GPU can add to.
+SLOWDOWN = 1.25
+
+# Step times closer than this are inside the model's error: the collective model's median
+# error is 12-20% in validation and compute_flops is an assumed fraction of the peak.
+MODEL_ERROR = 0.10
+
 
 def native_module():
     """``fourd._C``, the extension that holds the C++ cost model, the process grid's rank
@@ -134,7 +162,11 @@ def grid_placements(sizes: dict, order, ranks_per_node: int) -> dict:
 
 @dataclass(frozen=True)
 class TransformerSpec:
-    """A GPT-style decoder. Sizes in elements; batches in sequences."""
+    """A decoder-only transformer. Sizes in elements; batches in sequences.
+
+    The defaults are a GPT layer (a 4h GeLU MLP, every head with its own keys and values);
+    ``ffn_hidden``, ``gated_mlp`` and ``kv_heads`` describe a LLaMA layer (a SwiGLU MLP of
+    ``ffn_hidden``, grouped-query attention with ``kv_heads`` key/value heads)."""
 
     name: str
     layers: int
@@ -143,19 +175,34 @@ class TransformerSpec:
     seq_len: int = 2048
     vocab: int = 51200
     global_batch: int = 1024  # sequences per optimizer step
-    micro_batch: int = 1  # sequences per (data, z) shard per forward/backward pass
+    micro_batch: int = AUTO_MICRO_BATCH  # sequences per (data, z) shard per pass; 0: per grid
     dtype: str = "bfloat16"
     recompute: bool = True  # full activation recomputation
     ffn_mult: int = 4
     grad_dtype: str = "float32"  # gradients (data-parallel all-reduce, gradient memory)
+    ffn_hidden: int = 0  # the MLP's inner width; 0: ffn_mult x hidden
+    gated_mlp: bool = False  # SwiGLU: the up projection is two matrices (gate and up) fused
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: one per head
+
+    @property
+    def ffn(self) -> int:
+        """The MLP's inner width f."""
+        return self.ffn_hidden or self.ffn_mult * self.hidden
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.kv_heads or self.heads
 
     def linears(self) -> list:
-        """(name, k_in, n_out, transposed) of one transformer layer."""
-        h, f = self.hidden, self.ffn_mult * self.hidden
+        """(name, k_in, n_out, transposed) of one transformer layer: qkv's output holds the
+        queries (h) and the keys and values of the key/value heads; a gated MLP's fc1 holds
+        its gate and up projections side by side (2f), as Megatron-LM fuses them."""
+        h, f = self.hidden, self.ffn
+        qkv = h + 2 * self.key_value_heads * (h // self.heads)
         return [
-            ("qkv", h, 3 * h, False),
+            ("qkv", h, qkv, False),
             ("proj", h, h, True),
-            ("fc1", h, f, False),
+            ("fc1", h, 2 * f if self.gated_mlp else f, False),
             ("fc2", f, h, True),
         ]
 
@@ -169,25 +216,52 @@ class TransformerSpec:
         return self.layers * per_layer + self.hidden * self.vocab
 
     def replicated_params(self) -> int:
-        """Biases and LayerNorm parameters (kept whole on every rank)."""
-        h, f = self.hidden, self.ffn_mult * self.hidden
-        return self.layers * (4 * h + 3 * h + h + f + h) + 2 * h
+        """Biases and LayerNorm parameters (kept whole on every rank): two LayerNorms (2h
+        each), one bias per Linear output, the final LayerNorm."""
+        h = self.hidden
+        return self.layers * (4 * h + sum(n for _, _, n, _ in self.linears())) + 2 * h
 
     def params(self) -> int:
         return self.tp_params() + self.replicated_params()
+
+    def splits(self, g) -> bool:
+        """Whether the layer splits over the grid's x and y: hidden over Gx and Gy, the query
+        and key/value heads over Gy."""
+        return not (
+            self.hidden % g.x or self.hidden % g.y or self.heads % g.y or self.key_value_heads % g.y
+        )
 
     def with_(self, **changes) -> TransformerSpec:
         return replace(self, **changes)
 
 
-# Public GPT shapes used by AxoNN's Perlmutter weak-scaling runs (layers, hidden), heads of
-# 128 elements, sequence 2048 (docs/planner.md, "Model presets").
+def _llama(name: str, layers: int, hidden: int, heads: int, ffn: int, kv_heads: int = 0):
+    """A Llama 2 shape: SwiGLU MLP, sequence 4096, vocabulary 32000, 4M tokens per step."""
+    return TransformerSpec(
+        name,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        seq_len=4096,
+        vocab=32000,
+        global_batch=1024,
+        ffn_hidden=ffn,
+        gated_mlp=True,
+        kv_heads=kv_heads,
+    )
+
+
+# GPT shapes of AxoNN's Perlmutter weak-scaling runs (layers, hidden), heads of 128 elements,
+# sequence 2048; and the 7B, 13B and 70B shapes of Llama 2 (docs/planner.md, "Model presets").
 PRESETS = {
     "gpt-5b": TransformerSpec("gpt-5b", layers=24, hidden=4096, heads=32),
     "gpt-10b": TransformerSpec("gpt-10b", layers=32, hidden=5120, heads=40),
     "gpt-20b": TransformerSpec("gpt-20b", layers=32, hidden=7168, heads=56),
     "gpt-40b": TransformerSpec("gpt-40b", layers=38, hidden=9216, heads=72),
     "gpt-80b": TransformerSpec("gpt-80b", layers=42, hidden=12288, heads=96),
+    "llama2-7b": _llama("llama2-7b", layers=32, hidden=4096, heads=32, ffn=11008),
+    "llama2-13b": _llama("llama2-13b", layers=40, hidden=5120, heads=40, ffn=13824),
+    "llama2-70b": _llama("llama2-70b", layers=80, hidden=8192, heads=64, ffn=28672, kv_heads=8),
 }
 
 
@@ -246,12 +320,14 @@ class Grid4D:
 
 def batch_split(spec: TransformerSpec, g: Grid4D):
     """(micro_batch, accumulation steps) per (data, z) shard, or None when the batch does not
-    split: the global batch must divide by Gdata*Gz, the micro-batch divides the shard."""
+    split: the global batch must divide by Gdata*Gz, the micro-batch divides the shard. A
+    micro-batch chosen per grid (AUTO_MICRO_BATCH) reads as 1 here, its least memory;
+    evaluate chooses it."""
     shards = g.data * g.z
     if spec.global_batch % shards:
         return None
     per_shard = spec.global_batch // shards
-    mb = min(spec.micro_batch, per_shard)
+    mb = min(spec.micro_batch or 1, per_shard)
     if per_shard % mb:
         return None
     return mb, per_shard // mb
@@ -342,9 +418,13 @@ def memory(spec: TransformerSpec, g: Grid4D) -> dict:
     transient = (3 * w_b * largest) if g.z > 1 else (w_b * largest)
     # Activations of one layer (flash attention: no s^2 scores kept), 16-bit:
     #   x-split: LN1 in/out, LN2 in/out (2 B) and two dropout masks (1 B): 10 t h / Gx bytes
-    #   y-split: Q, K, V, attention out, fc1 out, GeLU out: 2 * 12 t h / Gy bytes
+    #   y-split: Q, K, V, attention out, fc1 out, GeLU out (2 B each): 2 * 12 t h / Gy bytes
+    #     for a GPT layer; with grouped-query attention and a gated MLP, the qkv and fc1
+    #     outputs at their widths, and the gated product (f)
     #   softmax statistics: 4 B per (sequence, head, position), heads split over y.
-    layer_full = 10 * t * h / g.x + 24 * t * h / g.y + 4 * mb * (a / g.y) * s
+    widths = {name: n for name, _, n, _ in spec.linears()}
+    y_split = 2 * (widths["qkv"] + h + widths["fc1"] + spec.ffn)
+    layer_full = 10 * t * h / g.x + y_split * t / g.y + 4 * mb * (a / g.y) * s
     logits = 6 * t * spec.vocab / g.y  # bf16 logits and their fp32 softmax
     if spec.recompute:
         checkpoints = spec.layers * 2 * t * h / g.x  # each layer's input
@@ -452,6 +532,12 @@ class StepCompute:
     accumulation: int
 
     @property
+    def last_backward(self) -> float:
+        """Seconds of the last micro-batch's backward pass (what the data all-reduce can hide
+        under)."""
+        return sum(self.reps[k] * self.backward[k] for k in self.backward)
+
+    @property
     def total(self) -> float:
         """Compute seconds per optimizer step."""
         rec = self.recompute
@@ -505,13 +591,16 @@ class _Tally:
         )
 
 
-def _tally(msgs, times, algos: dict, comp: StepCompute) -> _Tally:
-    """Each message's time with its axis's algorithm ("auto": the best per call), added to
-    where it runs in the schedule of evaluate."""
+def _tally(msgs, times, algos: dict, comp: StepCompute, slowdown=None) -> _Tally:
+    """Each message's time with its axis's algorithm ("auto": the best per call), times its
+    axis's factor in `slowdown` (axis -> factor; none by default), added to where it runs in
+    the schedule of evaluate."""
     t = _Tally.zero(comp.forward)
+    slowdown = slowdown or {}
     for m, by_algo in zip(msgs, times):
         a = algos[m.axis]
         sec = min(by_algo.values()) if a == "auto" else by_algo[a]
+        sec *= slowdown.get(m.axis, 1.0)
         t.comm[m.axis] += m.count * sec
         grp = "head" if m.linear == "head" else "layer"
         role = m.role
@@ -547,10 +636,25 @@ def _exposed_schedule(t: _Tally, comp: StepCompute, overlap_data: bool) -> tuple
         for a in AXES:
             exposed[a] += acc * reps[k] * ((1 + rec) * t.fwd_ar[k][a] + t.bwd_ar[k][a])
         exposed["z"] += acc * reps[k] * (exp_ag_f + exp_z_b)
-    last_bwd = sum(reps[k] * c_b[k] for k in c_b)
-    data_exposed = max(0.0, t.data_ar - last_bwd) if overlap_data else t.data_ar
+    data_exposed = max(0.0, t.data_ar - comp.last_backward) if overlap_data else t.data_ar
     exposed["data"] += data_exposed
     return acc * micro + data_exposed, exposed
+
+
+def overlap_windows(comp: StepCompute, overlap_data: bool) -> dict:
+    """Axis -> seconds of compute per step that the schedule of evaluate hides the axis's
+    traffic under: the z stream under all of the layers' compute, the x and y backward
+    all-reduces under their Linears' dW GEMMs, the data all-reduce under the last backward
+    pass with `overlap_data` (else nothing)."""
+    dw = comp.accumulation * (
+        comp.reps["layer"] * sum(v for k, v in comp.dw.items() if k != "head") + comp.dw["head"]
+    )
+    return {
+        "x": dw,
+        "y": dw,
+        "z": comp.total,
+        "data": comp.last_backward if overlap_data else 0.0,
+    }
 
 
 def evaluate(
@@ -563,6 +667,7 @@ def evaluate(
     overlap_data=False,
     msgs=None,
     baseline=None,
+    slowdown=None,
 ):
     """Predicted step time of one configuration.
 
@@ -575,8 +680,14 @@ def evaluate(
 
     `msgs` (from messages(spec, g)) may be passed to share it across orders. With
     `baseline="flat"` (or another algorithm) returns (evaluation, baseline evaluation), the
-    second with that algorithm forced on every axis.
+    second with that algorithm forced on every axis. `slowdown` (axis -> factor) stretches
+    every collective of an axis, after the algorithms are chosen: how much the step depends
+    on that axis's traffic staying hidden. A spec whose micro_batch is AUTO_MICRO_BATCH is
+    evaluated at the micro-batch that gives the least step time and fits (`msgs` unused).
     """
+    if spec.micro_batch == AUTO_MICRO_BATCH:
+        kw = dict(policy=policy, overlap_data=overlap_data, baseline=baseline, slowdown=slowdown)
+        return _evaluate_micro_batches(spec, g, order, profile, cm, **kw)
     order_s = "-".join(parse_order(order))
     pls = grid_placements(g.sizes(), order_s, profile.ranks_per_node)
     if msgs is None:
@@ -590,7 +701,7 @@ def evaluate(
     ok = fits(mem, profile)
 
     def schedule(algos: dict) -> Evaluation:
-        tally = _tally(msgs, times, algos, comp)
+        tally = _tally(msgs, times, algos, comp, slowdown)
         step, exposed = _exposed_schedule(tally, comp, overlap_data)
         return Evaluation(
             grid=g,
@@ -607,6 +718,7 @@ def evaluate(
                 "micro_batch": comp.micro_batch,
                 "accumulation": comp.accumulation,
                 "messages": len(msgs),
+                "windows": overlap_windows(comp, overlap_data),
             },
         )
 
@@ -614,6 +726,43 @@ def evaluate(
     if baseline is None:
         return ev
     return ev, schedule(_choose_axis_algorithms(by_axis, baseline))
+
+
+def micro_batch_choices(spec: TransformerSpec, g: Grid4D) -> list:
+    """The micro-batches evaluate tries on grid `g`: the spec's (capped at the shard's
+    batch), or with AUTO_MICRO_BATCH every divisor of the shard's batch, smallest first."""
+    split = batch_split(spec, g)
+    if split is None or spec.micro_batch != AUTO_MICRO_BATCH:
+        return [split[0]] if split else []
+    per_shard = split[0] * split[1]
+    return [d for d in range(1, per_shard + 1) if per_shard % d == 0]
+
+
+def _better(ev: Evaluation, than: Evaluation) -> bool:
+    """Whether `ev` is the better micro-batch choice: it fits where `than` does not, or it
+    takes less time, or as much (everything hidden) with less communication to hide, so that
+    the choice rests less on overlap."""
+    if ev.fits != than.fits:
+        return ev.fits
+    if abs(ev.step_time - than.step_time) > 1e-9 * than.step_time:
+        return ev.step_time < than.step_time
+    return sum(ev.comm_time.values()) < sum(than.comm_time.values())
+
+
+def _evaluate_micro_batches(spec, g, order, profile, cm, **kw):
+    """evaluate with the best micro-batch of `g` (_better) among those that fit
+    (activations grow with it, so the first that does not fit ends the search); the smallest
+    when none fits."""
+    best = best_ev = None
+    for mb in micro_batch_choices(spec, g):
+        s = spec.with_(micro_batch=mb)
+        if best_ev is not None and not fits(memory(s, g), profile):
+            break
+        r = evaluate(s, g, order, profile, cm, **kw)
+        ev = r[0] if isinstance(r, tuple) else r
+        if best_ev is None or _better(ev, best_ev):
+            best, best_ev = r, ev
+    return best
 
 
 def model_flops_per_step(spec: TransformerSpec) -> float:
