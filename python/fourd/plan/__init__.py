@@ -3,6 +3,7 @@
     from fourd import plan
     result = plan.search("gpt-20b", gpus=1024, machine="perlmutter")
     best = result.plans[0]
+    print(plan.format_table(result))      # the ranking, why #1 wins, what that assumes
     grid = fourd.init(plan=best)          # under mpiexec
 
 ``python -m fourd.plan --model gpt-20b --gpus 1024 --machine perlmutter`` prints the ranking.
@@ -13,7 +14,7 @@ See docs/planner.md.
 from ..profile.policy import calibrate  # fourd.calibrate, the one calibration
 from .model import PRESETS, TransformerSpec, get_model
 from .profiles import Profile, builtin_names, get_profile, load_profile, save_profile
-from .search import Plan, SearchResult, explain, format_table, search
+from .search import Plan, SearchResult, assumptions, explain, format_table, search
 
 __all__ = [
     "PRESETS",
@@ -21,6 +22,7 @@ __all__ = [
     "Profile",
     "SearchResult",
     "TransformerSpec",
+    "assumptions",
     "builtin_names",
     "calibrate",
     "explain",

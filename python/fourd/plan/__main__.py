@@ -1,6 +1,7 @@
 """python -m fourd.plan: rank the 4D configurations of a transformer on a machine.
 
 python -m fourd.plan --model gpt-20b --gpus 1024 --machine perlmutter
+python -m fourd.plan --model llama2-7b --gpus 64
 python -m fourd.plan --layers 32 --hidden 7168 --heads 56 --gpus 512 --machine frontier --json
 mpiexec -n 8 python -m fourd.plan --calibrate --ranks-per-node 4 --out my-machine.json
 """
@@ -20,6 +21,66 @@ def _training_dtypes() -> list:
     return sorted(d for d in _C.FLOATING_DTYPES if ITEMSIZE[d] <= 4)
 
 
+def _spec_default(name: str):
+    """A TransformerSpec field's default (what a custom model gets when the flag is absent)."""
+    from .model import TransformerSpec
+
+    return TransformerSpec.__dataclass_fields__[name].default
+
+
+def _micro_batch(text: str) -> int:
+    """--micro-batch: a positive count, or 'auto' (fourd.plan.model.AUTO_MICRO_BATCH)."""
+    from .model import AUTO_MICRO_BATCH
+
+    if text.strip().lower() == "auto":
+        return AUTO_MICRO_BATCH
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n
+
+
+_micro_batch.__name__ = "micro-batch (a count >= 1 or 'auto')"  # argparse's error names it
+
+
+def _shape_flags(p: argparse.ArgumentParser) -> None:
+    """The model-shape flags: each overrides the preset's value; a custom model takes the
+    default named in its help."""
+    g = p.add_argument_group(
+        "model shape",
+        "Each flag overrides the preset's value; 'custom:' is what a custom model gets without it.",
+    )
+    g.add_argument("--layers", type=int, help="transformer layers (custom: required)")
+    g.add_argument("--hidden", type=int, help="hidden size (custom: required)")
+    g.add_argument("--heads", type=int, help="attention heads (custom: required)")
+    g.add_argument(
+        "--seq-len", type=int, help=f"tokens per sequence (custom: {_spec_default('seq_len')})"
+    )
+    g.add_argument("--vocab", type=int, help=f"vocabulary (custom: {_spec_default('vocab')})")
+    g.add_argument(
+        "--global-batch",
+        type=int,
+        help=f"sequences per optimizer step (custom: {_spec_default('global_batch')})",
+    )
+    g.add_argument(
+        "--micro-batch",
+        type=_micro_batch,
+        help="sequences per (data, z) shard per forward/backward pass (at most the shard's "
+        "batch), or 'auto': on each grid the one with the least step time that fits "
+        "(default: auto)",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=_training_dtypes(),
+        help=f"weights and activations (custom: {_spec_default('dtype')})",
+    )
+    g.add_argument(
+        "--no-recompute",
+        action="store_true",
+        help="keep all activations (default: full activation recomputation)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     from .model import PRESETS
     from .profiles import builtin_names
@@ -27,46 +88,49 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m fourd.plan",
         description="Rank 4D configurations (Gx, Gy, Gz, Gdata, axis order, algorithm per axis) "
-        "of a transformer by predicted step time.",
+        "of a transformer by predicted step time, and say why the best one wins. "
+        "docs/planner.md describes the model.",
     )
     p.add_argument(
         "--model",
         default=None,
-        help=f"a preset ({', '.join(PRESETS)}), or 'custom' with --layers, --hidden and --heads",
+        help=f"a preset ({', '.join(PRESETS)}), or 'custom' with --layers, --hidden and "
+        "--heads (default: custom when those are given)",
     )
-    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (ranks)")
+    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (ranks); required")
     p.add_argument(
         "--machine",
         default="perlmutter",
-        help=f"a built-in profile ({', '.join(builtin_names())}) or a profile JSON file",
+        help=f"a built-in profile ({', '.join(builtin_names())}) or a profile JSON file "
+        "(default: %(default)s)",
     )
-    p.add_argument("--top", type=int, default=5, help="how many configurations to print")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--top", type=int, default=5, help="how many configurations to print (default: %(default)s)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON instead of a table: every plan's per-axis times, placements and "
+        "memory, the alternatives, the explanation and the assumptions",
+    )
     p.add_argument(
         "--save",
         default=None,
         help="write the best plan to this JSON file "
         "(load it with fourd.plan.Plan.load and pass it to fourd.init(plan=...))",
     )
-    g = p.add_argument_group("model shape (override a preset, or define a custom model)")
-    g.add_argument("--layers", type=int)
-    g.add_argument("--hidden", type=int)
-    g.add_argument("--heads", type=int)
-    g.add_argument("--seq-len", type=int)
-    g.add_argument("--vocab", type=int)
-    g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
-    g.add_argument("--micro-batch", type=int, help="sequences per (data, z) shard per pass")
-    g.add_argument("--dtype", choices=_training_dtypes())
-    g.add_argument("--no-recompute", action="store_true", help="keep all activations")
+    _shape_flags(p)
     p.add_argument(
         "--algorithm",
         default=None,
-        help="force one algorithm on every axis (e.g. flat) instead of choosing",
+        help="force one algorithm on every axis (e.g. flat) instead of choosing "
+        "(default: the best per axis)",
     )
     p.add_argument(
         "--overlap-data",
         action="store_true",
-        help="hide the data-parallel all-reduce under the last backward pass",
+        help="hide the data-parallel all-reduce under the last backward pass "
+        "(default: it runs after the pass, exposed)",
     )
     c = p.add_argument_group("calibration (run under mpiexec)")
     c.add_argument(
@@ -75,9 +139,17 @@ def _parser() -> argparse.ArgumentParser:
         help="measure this machine's profile with fourd's collectives and save it",
     )
     c.add_argument(
-        "--ranks-per-node", type=int, default=None, help="ranks per (virtual) node for --calibrate"
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        help="ranks per (virtual) node for --calibrate (default: FOURD_RANKS_PER_NODE, "
+        "else the ranks sharing this host)",
     )
-    c.add_argument("--out", default=None, help="where --calibrate writes the profile JSON")
+    c.add_argument(
+        "--out",
+        default=None,
+        help="where --calibrate writes the profile JSON (default: fourd-profile.json)",
+    )
     return p
 
 

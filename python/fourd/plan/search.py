@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from .model import (
     AXES,
+    SLOWDOWN,
+    STRUCTURES,
     CollectiveModel,
     Evaluation,
     batch_split,
@@ -25,9 +27,21 @@ from .model import (
     grid_placements,
     memory,
     messages,
-    model_flops_per_step,
 )
 from .profiles import get_profile
+from .report import assumptions, explain, format_table
+
+# format_table, explain and assumptions live in report.py and belong to this module's interface
+# too (fourd.plan.search.explain).
+__all__ = [
+    "Alternative",
+    "Plan",
+    "SearchResult",
+    "assumptions",
+    "explain",
+    "format_table",
+    "search",
+]
 
 
 @dataclass
@@ -88,6 +102,26 @@ class Plan:
 
 
 @dataclass
+class Alternative:
+    """The best configuration of a structure the best plan does not have (with tensor
+    parallelism when the best has none, without z sharding when it shards, ...), or, when
+    none of that structure fits, the grid of it that needs the least memory."""
+
+    structure: str  # e.g. "with tensor parallelism on x/y (Gx Gy > 1)"
+    plan: Plan | None  # its best configuration, None when none fits
+    least_memory: float | None = None  # bytes per GPU of its leanest grid, when none fits
+    least_memory_grid: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "structure": self.structure,
+            "plan": self.plan.to_dict() if self.plan else None,
+            "least_memory": self.least_memory,
+            "least_memory_grid": self.least_memory_grid,
+        }
+
+
+@dataclass
 class SearchResult:
     plans: list  # the top-k Plans, best first
     evaluated: int
@@ -98,20 +132,38 @@ class SearchResult:
     profile: object
     gpus: int
     best_flat: Plan | None = None  # the best configuration with flat collectives only
+    alternatives: dict = field(default_factory=dict)  # STRUCTURES key -> Alternative
+    # axis -> {"hidden", "window", "slower_step"}: the best plan's traffic that hides under
+    # compute, the compute it hides under, and the step time were that axis SLOWDOWN slower
+    sensitivity: dict = field(default_factory=dict)
+    overlap_data: bool = False
+    # the grid that needs the least memory of those excluded for it: {"grid", "memory"}
+    leanest: dict = field(default_factory=dict)
+
+    def vs_best_flat(self, plan: Plan) -> float | None:
+        """The best flat-only configuration's step time over `plan`'s (above 1: `plan` is
+        faster)."""
+        if self.best_flat is None:
+            return None
+        return self.best_flat.step_time / plan.step_time
 
     def to_dict(self) -> dict:
         spec = self.model
         return {
             "model": {k: getattr(spec, k) for k in spec.__dataclass_fields__},
+            "parameters": spec.params(),
             "machine": self.profile.name,
             "gpus": self.gpus,
             "evaluated": self.evaluated,
             "excluded_memory": self.excluded_memory,
             "excluded_split": self.excluded_split,
             "search_seconds": self.seconds,
-            "plans": [p.to_dict() for p in self.plans],
+            "plans": [{**p.to_dict(), "vs_best_flat": self.vs_best_flat(p)} for p in self.plans],
             "best_flat": self.best_flat.to_dict() if self.best_flat else None,
+            "alternatives": {k: a.to_dict() for k, a in self.alternatives.items()},
+            "sensitivity": self.sensitivity,
             "why": explain(self),
+            "assumptions": assumptions(self),
         }
 
 
@@ -142,6 +194,117 @@ def _plan_of(ev: Evaluation, base: Evaluation, spec, profile, gpus: int) -> Plan
     )
 
 
+@dataclass
+class _Sweep:
+    """Every configuration of one search: the evaluated ones, (configuration, same grid with
+    flat collectives) pairs, and the grids excluded for memory with their bytes per GPU."""
+
+    results: list = field(default_factory=list)
+    too_big: list = field(default_factory=list)  # (Grid4D, bytes per GPU)
+    evaluated: int = 0
+    excluded_split: int = 0
+    best_flat: tuple | None = None  # the pair whose flat evaluation is fastest (first found)
+
+
+def _sweep(spec, gpus: int, profile, cm, policy, overlap_data) -> _Sweep:
+    """Evaluates every grid of `gpus` and every order that places its groups differently."""
+    sw = _Sweep()
+    for g in divisor_grids(gpus):
+        if not spec.splits(g) or batch_split(spec, g) is None:
+            sw.excluded_split += 1
+            continue
+        mem = memory(spec, g)
+        if not fits(mem, profile):  # memory does not depend on the order
+            sw.too_big.append((g, mem["total"]))
+            sw.evaluated += 1
+            continue
+        msgs = messages(spec, g)
+        seen = set()
+        for order in distinct_orders(g):
+            # Orders that place every axis's groups the same way predict the same time.
+            key = tuple(grid_placements(g.sizes(), order, profile.ranks_per_node).values())
+            if key in seen:
+                continue
+            seen.add(key)
+            sw.evaluated += 1
+            ev, base = evaluate(
+                spec,
+                g,
+                order,
+                profile,
+                cm,
+                policy=policy,
+                overlap_data=overlap_data,
+                msgs=msgs,
+                baseline="flat",
+            )
+            sw.results.append((ev, base))
+            if sw.best_flat is None or base.step_time < sw.best_flat[1].step_time:
+                sw.best_flat = (ev, base)
+    sw.results.sort(key=lambda eb: (eb[0].step_time, eb[0].memory["total"]))
+    return sw
+
+
+def _alternatives(sw: _Sweep, make_plan) -> dict:
+    """STRUCTURES key -> the Alternative to the best configuration's structure."""
+    if not sw.results:
+        return {}
+    best = sw.results[0][0].grid
+    out = {}
+    for key, (test, yes, no) in STRUCTURES.items():
+        want = not test(best)
+        found = next(((ev, b) for ev, b in sw.results if test(ev.grid) == want), None)
+        alt = Alternative(structure=yes if want else no, plan=None)
+        if found is not None:
+            alt.plan = make_plan(*found)
+        else:
+            lean = _leanest([(g, m) for g, m in sw.too_big if test(g) == want])
+            alt.least_memory = lean.get("memory")
+            alt.least_memory_grid = lean.get("grid", "")
+        out[key] = alt
+    return out
+
+
+def _grid_label(g) -> str:
+    return f"Gx={g.x} Gy={g.y} Gz={g.z} Gdata={g.data}"
+
+
+def _leanest(too_big: list) -> dict:
+    """{"grid", "memory"} of the grid that needs the least memory of `too_big`, or {}."""
+    if not too_big:
+        return {}
+    g, mem = min(too_big, key=lambda gm: gm[1])
+    return {"grid": _grid_label(g), "memory": mem}
+
+
+def _sensitivity(spec, ev: Evaluation, profile, cm, policy, overlap_data) -> dict:
+    """Axis -> what the best configuration's step depends on hiding: for every axis whose
+    hidden traffic is over 1% of the step, that traffic, the compute it hides under and the
+    step time with the axis SLOWDOWN slower."""
+    out = {}
+    for a in AXES:
+        hidden = ev.comm_time[a] - ev.exposed_time[a]
+        if hidden <= 0.01 * ev.step_time:
+            continue
+        slower = evaluate(
+            spec.with_(micro_batch=ev.detail["micro_batch"]),
+            ev.grid,
+            ev.order,
+            profile,
+            cm,
+            policy=policy,
+            overlap_data=overlap_data,
+            slowdown={a: SLOWDOWN},
+        )
+        out[a] = {
+            "hidden": hidden,
+            "window": ev.detail["windows"][a],
+            "slower_step": slower.step_time,
+            "slowdown": SLOWDOWN,
+        }
+    return out
+
+
 def search(
     model,
     gpus: int,
@@ -161,188 +324,33 @@ def search(
     if not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus: expected an integer >= 1, found {gpus!r}")
     cm = CollectiveModel(profile)
-    evaluated = excluded_memory = excluded_split = 0
-    results = []
-    best_flat = None
-    for g in divisor_grids(gpus):
-        if (
-            spec.hidden % g.x
-            or spec.hidden % g.y
-            or spec.heads % g.y
-            or batch_split(spec, g) is None
-        ):
-            excluded_split += 1
-            continue
-        if not fits(memory(spec, g), profile):  # memory does not depend on the order
-            excluded_memory += 1
-            evaluated += 1
-            continue
-        msgs = messages(spec, g)
-        seen = set()
-        for order in distinct_orders(g):
-            # Orders that place every axis's groups the same way predict the same time.
-            key = tuple(grid_placements(g.sizes(), order, profile.ranks_per_node).values())
-            if key in seen:
-                continue
-            seen.add(key)
-            evaluated += 1
-            ev, base = evaluate(
-                spec,
-                g,
-                order,
-                profile,
-                cm,
-                policy=policy,
-                overlap_data=overlap_data,
-                msgs=msgs,
-                baseline="flat",
-            )
-            results.append((ev, base))
-            if best_flat is None or base.step_time < best_flat[1].step_time:
-                best_flat = (ev, base)
-    results.sort(key=lambda eb: (eb[0].step_time, eb[0].memory["total"]))
+    sw = _sweep(spec, gpus, profile, cm, policy, overlap_data)
+
+    def make_plan(ev, base):
+        return _plan_of(ev, base, spec, profile, gpus)
+
     plans = []
-    for i, (ev, base) in enumerate(results[:top_k]):
-        p = _plan_of(ev, base, spec, profile, gpus)
+    for i, (ev, base) in enumerate(sw.results[:top_k]):
+        p = make_plan(ev, base)
         p.rank = i + 1
         plans.append(p)
-    flat_plan = None
-    if best_flat is not None:
-        flat_plan = _plan_of(best_flat[1], best_flat[1], spec, profile, gpus)
+    flat = sw.best_flat
     return SearchResult(
         plans=plans,
-        evaluated=evaluated,
-        excluded_memory=excluded_memory,
-        excluded_split=excluded_split,
+        evaluated=sw.evaluated,
+        excluded_memory=len(sw.too_big),
+        excluded_split=sw.excluded_split,
         seconds=time.perf_counter() - t0,
         model=spec,
         profile=profile,
         gpus=gpus,
-        best_flat=flat_plan,
+        best_flat=make_plan(flat[1], flat[1]) if flat else None,
+        alternatives=_alternatives(sw, make_plan),
+        sensitivity=(
+            _sensitivity(spec, sw.results[0][0], profile, cm, policy, overlap_data)
+            if sw.results
+            else {}
+        ),
+        overlap_data=overlap_data,
+        leanest=_leanest(sw.too_big),
     )
-
-
-# ---- explanations and printing ---------------------------------------------------------------
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.1f} ms"
-
-
-def explain(result: SearchResult) -> list:
-    """Sentences saying why the best configuration wins."""
-    if not result.plans:
-        return [
-            "no configuration fits: every grid either runs out of memory per GPU or does "
-            "not split the batch/heads; try more GPUs, recomputation or a smaller "
-            "micro-batch"
-        ]
-    best = result.plans[0]
-    out = []
-
-    def comps(p):
-        return {"compute": p.compute_time, **{f"exposed {a}": p.exposed_time[a] for a in AXES}}
-
-    if len(result.plans) > 1:
-        second = result.plans[1]
-        d = second.step_time - best.step_time
-        diffs = {k: comps(second)[k] - comps(best)[k] for k in comps(best)}
-        key = max(diffs, key=lambda k: diffs[k])
-        out.append(
-            f"#1 ({best.label()}) beats #2 ({second.label()}) by {_ms(d)} per step "
-            f"({100 * d / second.step_time:.1f}%); the largest difference is {key} "
-            f"({_ms(comps(second)[key])} vs {_ms(comps(best)[key])})."
-        )
-    gain = best.baseline_step_time - best.step_time
-    if gain <= 0:
-        out.append(
-            "On this grid the library's flat collectives are predicted as good as any of "
-            "fourd's algorithms on every axis (rail-striped rings, no latency-bound "
-            "message)."
-        )
-    else:
-        axis = max(AXES, key=lambda a: best.baseline_exposed_time[a] - best.exposed_time[a])
-        out.append(
-            f"On this grid fourd's algorithms save {_ms(gain)} per step over the library's flat "
-            f"collectives ({best.baseline_step_time / best.step_time:.2f}x), most on axis "
-            f"'{axis}' ({best.algorithms[axis]}: exposed {_ms(best.baseline_exposed_time[axis])}"
-            f" -> {_ms(best.exposed_time[axis])})."
-        )
-    if result.best_flat is not None:
-        out.append(
-            f"The best grid with flat collectives only ({result.best_flat.label()}) predicts "
-            f"{_ms(result.best_flat.step_time)} per step "
-            f"({result.best_flat.step_time / best.step_time:.2f}x the best plan)."
-        )
-    mem = best.memory["total"] / 1e9
-    cap = result.profile.memory_bytes / 1e9
-    out.append(
-        f"Memory per GPU {mem:.1f} GB of {cap:.0f} GB; {result.excluded_memory} of "
-        f"{result.evaluated} configurations evaluated were excluded for memory, "
-        f"{result.excluded_split} grids because the batch or heads do not split."
-    )
-    exposed_frac = best.exposed_total / best.step_time
-    out.append(
-        f"Exposed communication is {100 * exposed_frac:.0f}% of the step; compute "
-        f"{_ms(best.compute_time)}."
-    )
-    return out
-
-
-def format_table(result: SearchResult) -> str:
-    spec = result.model
-    prof = result.profile
-    lines = []
-    lines.append(
-        f"{spec.name}: {spec.params() / 1e9:.1f}B parameters, {spec.layers} layers, hidden "
-        f"{spec.hidden}, {spec.heads} heads, seq {spec.seq_len}, global batch "
-        f"{spec.global_batch}, micro-batch {spec.micro_batch}, {spec.dtype}, recompute "
-        f"{'on' if spec.recompute else 'off'}"
-    )
-    lines.append(
-        f"machine {prof.name}: {result.gpus} GPUs = {result.gpus / prof.ranks_per_node:g} nodes "
-        f"x {prof.ranks_per_node}; {result.evaluated} configurations evaluated in "
-        f"{result.seconds:.1f} s"
-    )
-    lines.append("")
-    hdr = (
-        f"{'#':>2} {'Gx':>4} {'Gy':>4} {'Gz':>4} {'Gd':>5} {'order':<12} "
-        f"{'algorithms x/y/z/data':<34} {'step':>9} {'compute':>9} "
-        f"{'x':>15} {'y':>15} {'z':>15} {'data':>15} {'exposed':>9} {'mem/GPU':>8} "
-        f"{'vs flat':>7}"
-    )
-    lines.append(hdr)
-    lines.append(f"{'':>58}{'':>20}{'comm (exposed) per step, ms':^64}")
-    for p in result.plans:
-        algos = "/".join(p.algorithms[a] for a in AXES)
-        cols = " ".join(
-            f"{p.comm_time[a] * 1e3:>7.1f}({p.exposed_time[a] * 1e3:>6.1f})" for a in AXES
-        )
-        lines.append(
-            f"{p.rank:>2} {p.x:>4} {p.y:>4} {p.z:>4} {p.data:>5} {p.order:<12} {algos:<34} "
-            f"{p.step_time * 1e3:>7.0f}ms {p.compute_time * 1e3:>7.0f}ms {cols} "
-            f"{p.exposed_total * 1e3:>7.0f}ms {p.memory['total'] / 1e9:>6.1f}GB "
-            f"{p.baseline_step_time / p.step_time:>6.2f}x"
-        )
-    lines.append("")
-    if result.plans:
-        b = result.plans[0]
-        tokens = spec.global_batch * spec.seq_len
-        tflops = model_flops_per_step(spec) / b.step_time / result.gpus / 1e12
-        lines.append(
-            f"best: {b.step_time:.3f} s per step, {tokens / b.step_time:,.0f} tokens/s, "
-            f"{tflops:.0f} model TFLOP/s per GPU; micro-batch {b.micro_batch} x "
-            f"{b.accumulation} accumulation steps per (data, z) shard"
-        )
-        m = b.memory
-        lines.append(
-            "memory per GPU: "
-            + ", ".join(
-                f"{k} {m[k] / 1e9:.1f} GB"
-                for k in ("weights", "gradients", "optimizer", "transient", "activations", "total")
-            )
-        )
-    lines.append("why:")
-    for s in explain(result):
-        lines.append(f"  - {s}")
-    return "\n".join(lines)
