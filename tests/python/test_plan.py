@@ -5,7 +5,10 @@ profile files: test_profile.py."""
 import importlib
 import json
 import math
+import re
+import shlex
 import time
+from pathlib import Path
 
 import pytest
 
@@ -424,3 +427,287 @@ def test_hierarchical_advantage_grows_with_nodes_as_in_pccl():
             r["speedup_vs_flat"] for r in rows if r["collective"] == coll and r["bytes"] == 16 << 20
         ]
         assert sel == sorted(sel) and sel[0] > 1 and sel[-1] > 10 * sel[0] / 2
+
+
+# ---- Llama-shaped layers and presets -------------------------------------------------------------
+
+
+def test_llama_presets_match_the_published_parameter_counts():
+    # Hugging Face meta-llama/Llama-2-{7,13,70}b-hf; their input embedding is not tied to the
+    # head (h x vocab more), their norms are RMSNorms without biases (under 0.1% apart).
+    published = {
+        "llama2-7b": 6_738_415_616,
+        "llama2-13b": 13_015_864_320,
+        "llama2-70b": 68_976_648_192,
+    }
+    for name, count in published.items():
+        spec = M.PRESETS[name]
+        untied = spec.params() + spec.hidden * spec.vocab
+        assert abs(untied - count) / count < 0.001, name
+    s = M.PRESETS["llama2-70b"]
+    assert (s.seq_len, s.vocab, s.global_batch, s.key_value_heads) == (4096, 32000, 1024, 8)
+
+
+def test_gated_mlp_and_grouped_query_attention_by_hand():
+    spec = tiny_spec(hidden=8, heads=4, kv_heads=2, ffn_hidden=12, gated_mlp=True)
+    # qkv: 8 queries + 2 x 2 key/value heads of 2 elements; fc1: gate and up, 2 x 12
+    assert spec.linears() == [
+        ("qkv", 8, 16, False),
+        ("proj", 8, 8, True),
+        ("fc1", 8, 24, False),
+        ("fc2", 12, 8, True),
+    ]
+    g = M.Grid4D(2, 2, 1, 1)
+    msgs = by_key(M.messages(spec, g))
+    t = 4  # one sequence of 4 tokens
+    assert msgs["qkv", "fwd_ar"].elements == t * 16 // 2
+    assert msgs["fc1", "fwd_ar"].elements == t * 24 // 2
+    assert msgs["fc2", "bwd_ar"].elements == t * 12 // 2
+    # activations split over y: qkv out, attention out, fc1 out, the gated product (2 B each)
+    mem = M.memory(spec, g)
+    layer = 10 * t * 8 / 2 + 2 * (16 + 8 + 24 + 12) * t / 2 + 4 * 1 * (4 / 2) * 4
+    assert mem["activations"] == pytest.approx(spec.layers * layer + layer + 6 * t * 16 / 2)
+    # the key/value heads must split over y too
+    assert spec.splits(M.Grid4D(1, 2, 1, 1)) and not spec.splits(M.Grid4D(1, 4, 1, 1))
+
+
+# ---- the micro-batch -----------------------------------------------------------------------------
+
+
+def test_auto_micro_batch_is_the_best_that_fits_and_a_fixed_one_is_kept():
+    prof = P.get_profile("perlmutter")
+    cm = M.CollectiveModel(prof)
+    spec = M.PRESETS["gpt-20b"]
+    assert spec.micro_batch == M.AUTO_MICRO_BATCH
+    g = M.Grid4D(1, 2, 512, 1)  # 2 sequences per (data, z) shard
+    assert M.micro_batch_choices(spec, g) == [1, 2]
+    assert M.micro_batch_choices(spec.with_(micro_batch=1), g) == [1]
+    auto, _ = M.evaluate(spec, g, "z-y-x-data", prof, cm, baseline="flat")
+    fixed = [M.evaluate(spec.with_(micro_batch=mb), g, "z-y-x-data", prof, cm) for mb in (1, 2)]
+    assert auto.step_time == min(ev.step_time for ev in fixed if ev.fits)
+    assert auto.detail["micro_batch"] == 2 and auto.detail["accumulation"] == 1
+    # a micro-batch that does not fit is not chosen
+    small = prof.replace(memory_bytes=auto.memory["total"] / M.USABLE_MEMORY_FRACTION * 0.99)
+    ev = M.evaluate(spec, g, "z-y-x-data", small, M.CollectiveModel(small))
+    assert ev.detail["micro_batch"] == 1
+    # --micro-batch N holds it on every grid
+    res = S.search("gpt-20b", 1024, "perlmutter", top_k=20, micro_batch=1)
+    assert {p.micro_batch for p in res.plans} == {1}
+
+
+def test_at_one_micro_batch_tensor_parallelism_gathers_the_same_z_volume():
+    # Gx Gy times as many micro-batches, each gathering 1/(Gx Gy) of the weights.
+    spec = M.PRESETS["gpt-20b"].with_(micro_batch=1)
+
+    def z_volume(g):
+        return sum(m.count * m.elements for m in M.messages(spec, g) if m.axis == "z")
+
+    assert z_volume(M.Grid4D(1, 1, 32, 32)) == z_volume(M.Grid4D(1, 2, 32, 16))
+    assert z_volume(M.Grid4D(1, 1, 32, 32)) == z_volume(M.Grid4D(2, 2, 32, 8))
+    # with the micro-batch the split frees, the shard gathers its half once
+    both = spec.with_(micro_batch=2)
+    assert 2 * sum(
+        m.count * m.elements for m in M.messages(both, M.Grid4D(1, 2, 32, 16)) if m.axis == "z"
+    ) == z_volume(M.Grid4D(1, 1, 32, 32))
+
+
+# ---- the explanation -----------------------------------------------------------------------------
+
+
+def _all_plans(model, gpus, machine, **kw):
+    return S.search(model, gpus, machine, top_k=100000, **kw)
+
+
+def test_the_alternatives_are_the_best_plans_of_the_other_structures():
+    res = _all_plans("gpt-20b", 1024, "perlmutter")
+    best = res.plans[0]
+    alt = res.alternatives
+    assert set(alt) == {"tensor", "z", "data"}
+    tp = [p for p in res.plans if p.x * p.y > 1]
+    no_tp = [p for p in res.plans if p.x * p.y == 1]
+    mine, other = (tp, no_tp) if best.x * best.y > 1 else (no_tp, tp)
+    assert mine[0] is best and alt["tensor"].plan.step_time == pytest.approx(other[0].step_time)
+    assert alt["tensor"].plan.label() == other[0].label()
+    z1 = [p for p in res.plans if (p.z > 1) != (best.z > 1)]
+    assert alt["z"].plan.label() == z1[0].label()
+    # a structure none of whose grids fits names its leanest grid instead
+    # (5 GB per GPU: only tensor parallelism fits GPT-20B)
+    small = P.get_profile("perlmutter").replace(memory_bytes=5e9)
+    res = S.search("gpt-20b", 1024, small)
+    lean = res.alternatives["tensor"]
+    assert lean.plan is None and lean.least_memory > M.USABLE_MEMORY_FRACTION * 5e9
+    assert lean.least_memory_grid == "Gx=1 Gy=1 Gz=1024 Gdata=1"
+    assert any(
+        s.startswith("No plan without tensor parallelism") and "leanest" in s
+        for s in S.explain(res)
+    )
+
+
+def test_why_explains_the_structural_choice_for_the_issue_queries():
+    # GPT-20B on 1,024 GPUs: the 2-way split lets a micro-batch hold 2 sequences, so z is
+    # gathered half as much; held at 1 sequence, no tensor parallelism wins, as before.
+    res = S.search("gpt-20b", 1024, "perlmutter")
+    best = res.plans[0]
+    why = " ".join(S.explain(res))
+    assert best.x * best.y > 1 and best.micro_batch == 2
+    assert "Structure of #1: tensor parallelism" in why
+    assert "Why tensor parallelism" in why and "Best without tensor parallelism" in why
+    fixed = S.search("gpt-20b", 1024, "perlmutter", micro_batch=1)
+    assert fixed.plans[0].x * fixed.plans[0].y == 1
+    assert fixed.alternatives["tensor"].plan.step_time > fixed.plans[0].step_time
+    assert "Why no tensor parallelism" in " ".join(S.explain(fixed))
+    # at one micro-batch size, twice the micro-batches each gather half the weights
+    text = " ".join(" ".join(S.explain(fixed)).split())
+    assert "with it each GPU gathers 1/2 of the weights over z twice per step" in text
+    assert "without it gathers all of the weights over z once per step" in text
+    # A 7B model on 64 GPUs is compute-bound: tensor parallelism only adds exposed all-reduces.
+    res = S.search("llama2-7b", 64, "perlmutter")
+    best, tp = res.plans[0], res.alternatives["tensor"].plan
+    assert best.x * best.y == 1 and best.exposed_total < 0.01 * best.step_time
+    assert tp.exposed_time["x"] + tp.exposed_time["y"] > 0
+    assert "Why no tensor parallelism" in " ".join(S.explain(res))
+
+
+def test_close_calls_are_flagged_as_inside_the_model_error():
+    res = S.search("gpt-20b", 1024, "perlmutter")
+    first, second = res.plans[:2]
+    assert second.step_time - first.step_time < M.MODEL_ERROR * second.step_time
+    assert any("#1 beats #2" in s and "inside the model's error" in s for s in S.explain(res))
+    z = res.alternatives["z"].plan  # without z sharding: far slower
+    assert z.step_time > (1 + M.MODEL_ERROR) * first.step_time
+    line = next(s for s in S.explain(res) if s.startswith("Best without z sharding"))
+    assert "inside the model's error" not in line
+
+
+def test_hidden_traffic_is_flagged_with_what_a_slower_one_costs():
+    res = S.search("gpt-20b", 1024, "perlmutter")
+    best = res.plans[0]
+    s = res.sensitivity["z"]
+    assert s["hidden"] == pytest.approx(best.comm_time["z"] - best.exposed_time["z"])
+    assert s["window"] == pytest.approx(best.compute_time)
+    assert s["slower_step"] > best.step_time
+    notes = S.assumptions(res)
+    assert any(n.startswith("z traffic hidden under compute") and "rests on it" in n for n in notes)
+    # compute-bound: the z traffic still hides when slower, and the note says so
+    res7 = S.search("llama2-7b", 64, "perlmutter")
+    assert any("still hides" in n for n in S.assumptions(res7))
+    # the slowdown stretches one axis and nothing else
+    prof = P.get_profile("perlmutter")
+    cm = M.CollectiveModel(prof)
+    spec, g = M.PRESETS["gpt-5b"].with_(micro_batch=1), M.Grid4D(2, 2, 4, 8)
+    ev = M.evaluate(spec, g, "x-y-z-data", prof, cm)
+    same = M.evaluate(spec, g, "x-y-z-data", prof, cm, slowdown={"z": 1.0})
+    assert same.step_time == ev.step_time
+    slow = M.evaluate(spec, g, "x-y-z-data", prof, cm, slowdown={"x": 2.0})
+    assert slow.comm_time["x"] == pytest.approx(2 * ev.comm_time["x"])
+    assert slow.comm_time["z"] == ev.comm_time["z"]
+    # the micro-batch assumption and the profile's assumed figures are named
+    assert any("micro-batch is chosen per grid" in n for n in notes)
+    assert any("Assumed, not measured" in n and "compute_flops" in n for n in notes)
+
+
+def test_vs_flat_is_against_the_best_flat_grid():
+    res = _all_plans("gpt-20b", 1024, "frontier")
+    flat = min(p.baseline_step_time for p in res.plans)
+    assert res.best_flat.step_time == pytest.approx(flat)
+    worst = max(p.baseline_step_time for p in res.plans)
+    assert worst > 1.5 * flat  # the same-grid baseline can be far worse than the best flat grid
+    for p in res.plans[:5]:
+        assert res.vs_best_flat(p) == pytest.approx(flat / p.step_time)
+    top = S.search("gpt-20b", 1024, "frontier", top_k=3)
+    table = S.format_table(top)
+    for p in top.plans:
+        row = next(line for line in table.splitlines() if line.startswith(f"{p.rank:>2} "))
+        assert row.endswith(f"{flat / p.step_time:.2f}x")
+    d = top.to_dict()
+    assert d["plans"][0]["vs_best_flat"] == pytest.approx(flat / top.plans[0].step_time)
+
+
+# ---- the printed output --------------------------------------------------------------------------
+
+
+QUERIES = [
+    "--model gpt-20b --gpus 1024 --machine perlmutter".split(),
+    "--model llama2-7b --gpus 64".split(),
+    "--model llama2-70b --gpus 512 --machine dgx-h100 --top 10".split(),
+    "--model gpt-80b --gpus 4096 --machine frontier".split(),
+    "--model gpt-20b --gpus 8".split(),  # nothing fits
+    "--layers 1 --hidden 8 --heads 2 --vocab 16 --seq-len 4 --gpus 1 --machine cpu "
+    "--global-batch 1".split(),
+]
+
+
+@pytest.mark.parametrize("argv", QUERIES, ids=lambda a: "-".join(a[1:4:2]))
+def test_cli_output_fits_100_columns(argv, capsys):
+    plan_main(argv)
+    out = capsys.readouterr().out
+    assert "why:" in out
+    wide = [line for line in out.splitlines() if len(line) > 100]
+    assert not wide, wide
+
+
+def test_cli_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        plan_main(["--help"])
+    out = capsys.readouterr().out
+    assert not [line for line in out.splitlines() if len(line) > 100]
+    words = " ".join(out.split())  # argparse wraps the help to the terminal
+    assert "(default: perlmutter)" in words and "(default: 5)" in words
+    assert "(default: auto)" in words and "(custom: 2048)" in words
+    assert "(custom: 1024)" in words and "llama2-7b" in words and "llama2-70b" in words
+
+
+def test_cli_micro_batch_flag(capsys):
+    assert plan_main("--model gpt-20b --gpus 1024 --micro-batch 1 --json --top 2".split()) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["model"]["micro_batch"] == 1 and {p["micro_batch"] for p in d["plans"]} == {1}
+    assert plan_main("--model gpt-20b --gpus 1024 --micro-batch auto --json --top 1".split()) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["model"]["micro_batch"] == M.AUTO_MICRO_BATCH
+    assert set(d) >= {"alternatives", "sensitivity", "assumptions", "why", "parameters"}
+    with pytest.raises(SystemExit):
+        plan_main("--model gpt-20b --gpus 64 --micro-batch 0".split())
+    assert "micro-batch" in capsys.readouterr().err
+
+
+def test_plurals_and_number_formatting(capsys):
+    R = importlib.import_module("fourd.plan.report")
+    assert (R._count(1, "grid"), R._count(3, "grid"), R._count(1024, "GPU")) == (
+        "1 grid",
+        "3 grids",
+        "1,024 GPUs",
+    )
+    assert R._count(256.0, "node") == "256 nodes" and R._count(0.25, "node") == "0.25 nodes"
+    assert R._parameters(20.1e9) == "20.1B parameters"
+    assert R._parameters(124.4e6) == "124.4M parameters"
+    assert R._parameters(1016) == "1,016 parameters"
+    assert (R._ms(3.0804), R._ms(0.0123), R._ms(0)) == ("3,080 ms", "12.3 ms", "0.0 ms")
+    assert R._gb(16.1e9) == "16.1 GB" and R._gb(0.04e9) == "0.04 GB"
+    plan_main(QUERIES[-1])
+    out = capsys.readouterr().out
+    for wrong in ("1 grids", "1 configurations", "1 layers", "0.0B parameters", " 1 GPUs"):
+        assert wrong not in out, wrong
+    assert "1,016 parameters, 1 layer," in out and "1 configuration evaluated" in out
+
+
+def _doc_commands():
+    """(argv, printed output) of each `$ python -m fourd.plan ...` console block in
+    docs/planner.md that shows its output."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    out = []
+    for block in re.findall(r"```console\n(.*?)```", text, re.S):
+        lines = block.splitlines()
+        commands = [line for line in lines if line.startswith("$ ")]
+        if len(commands) == 1 and len(lines) > 1 and lines[0].startswith("$ python -m fourd.plan "):
+            out.append((shlex.split(lines[0][2:])[3:], "\n".join(lines[1:])))
+    return out
+
+
+def test_docs_show_the_planner_output_as_it_is(capsys):
+    cases = _doc_commands()
+    assert len(cases) >= 2  # GPT-20B on 1,024 GPUs and a 7B model on 64 GPUs
+    timing = re.compile(r"evaluated in [0-9.]+ s")
+    for argv, shown in cases:
+        plan_main(argv)
+        out = capsys.readouterr().out.rstrip("\n")
+        assert timing.sub("evaluated in _ s", out) == timing.sub("evaluated in _ s", shown), argv
