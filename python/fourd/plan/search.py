@@ -4,6 +4,10 @@ Every (Gx, Gy, Gz, Gdata) whose product is the GPU count and every axis order th
 groups differently is evaluated (fourd.plan.model.evaluate); configurations whose memory per
 GPU does not fit, or whose batch or heads do not split, are excluded, and the rest are sorted by
 predicted step time.
+
+Beside the ranking, a SearchResult holds what explains it: the best flat-only configuration,
+the best configuration of each structure the winner does not have (model.STRUCTURES), and
+how the winner's step grows when its hidden traffic runs slower. report.py puts them in words.
 """
 
 from __future__ import annotations
