@@ -1,16 +1,25 @@
-"""python -m fourd.bench: command line, check oracle, bounds and JSON schema (serial), plus one
-short real run and one bad-argument run under mpiexec."""
+"""python -m fourd.bench: command line, check oracle, bounds, JSON schema, files, progress and
+summary (serial), plus short real runs under mpiexec: a sweep, the timing modes, the command
+line's habits, interrupted runs and a bad argument."""
 
 import csv
 import json
 import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fourd.bench import bounds, check, report
 from fourd.bench.options import DTYPES, HelpRequested, UsageError, default_grid, parse, parse_rate
-from mpirun import run_mpi
+from mpirun import ROOT, mpiexec, run_mpi
 
 
 def p4(*argv, hosts=None, environ=None):
@@ -532,3 +541,482 @@ def test_bench_bad_argument_under_mpi():
     assert r.returncode == 2, r.stdout[-2000:]
     assert r.stdout.count("error:") == 1, r.stdout
     assert "Abort" not in r.stdout and "BAD TERMINATION" not in r.stdout
+
+
+# ---- the first hour of a new user (issue 23): the command line ---------------------------------
+
+
+def test_one_rank_says_how_to_launch():
+    """Started without mpiexec there is one rank: the error says how to launch, with the
+    user's own options."""
+    with pytest.raises(UsageError) as e:
+        parse(["-b", "1M"], 1, ["h"], {})
+    msg = str(e.value)
+    assert "mpiexec -n 4 python -m mpi4py -m fourd.bench -b 1M" in msg, msg
+    assert "nothing to measure" in msg and "--axis" not in msg, msg
+    with pytest.raises(HelpRequested):  # -h still works on one rank
+        parse(["-h"], 1, ["h"], {})
+
+
+def test_ngpus_one_is_accepted_with_a_note():
+    cfg = p4("-g", "1")
+    assert any("-g 1" in n and "one device per rank" in n for n in cfg.notes), cfg.notes
+    assert not any("-g" in n for n in p4().notes)
+    with pytest.raises(UsageError) as e:
+        p4("-g", "2")
+    assert "-g/--ngpus" in str(e.value) and "one rank per GPU" in str(e.value), str(e.value)
+
+
+def test_grid_keeps_the_virtual_nodes():
+    """--grid on one host keeps the nodes the default grid has (2 ranks each on 4 ranks);
+    --ranks-per-node changes them; on several hosts the real nodes stay."""
+    cfg = p4("--grid", "x=2,y=2")
+    assert cfg.grid == {"x": 2, "y": 2, "z": 1, "data": 1}
+    assert cfg.ranks_per_node == p4().ranks_per_node == 2
+    assert "virtual nodes of 2 ranks" in cfg.grid_source, cfg.grid_source
+    assert p4("--grid", "x=4", "--ranks-per-node", "4").ranks_per_node == 4
+    assert p4("--grid", "x=2,y=2", hosts=["a", "a", "b", "b"]).ranks_per_node is None
+    assert parse(["--grid", "data=2"], 2, ["h", "h"], {}).ranks_per_node == 1
+
+
+def test_explicit_warmup_is_known():
+    """-w given bounds auto's wait for its tuning too (runner.py): the parse says it was given,
+    even when it is the default's value."""
+    assert (p4().warmup, p4().warmup_requested) == (5, False)
+    assert (p4("-w", "5").warmup, p4("-w", "5").warmup_requested) == (5, True)
+    assert p4("-w", "0").warmup == 0
+    assert p4("--no-progress").no_progress and not p4().no_progress
+
+
+def test_plural_words():
+    assert report.plural(1, "cell") == "1 cell" and report.plural(2, "note") == "2 notes"
+    assert report.plural(0, "row") == "0 rows"
+
+
+# ---- progress ----------------------------------------------------------------------------------
+
+
+def _fake_proc(root, pid, comm, ppid, fd1=None):
+    d = root / str(pid)
+    (d / "fd").mkdir(parents=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1\n")
+    if fd1 is not None:
+        (d / "fd" / "1").symlink_to(fd1)
+
+
+def test_the_launchers_terminal_is_found(tmp_path):
+    """A rank's stdout is a pipe to hydra's proxy; what the user sees is the stdout of the
+    mpiexec above it."""
+    from fourd.bench.progress import job_stream_is_terminal
+
+    proc = tmp_path / "proc"
+    _fake_proc(proc, 10, "hydra_pmi_proxy", 9, "pipe:[1]")
+    _fake_proc(proc, 9, "mpiexec", 8, "/dev/pts/3")
+    _fake_proc(proc, 8, "bash", 1, "/dev/pts/3")
+    _fake_proc(proc, 20, "hydra_pmi_proxy", 19, "pipe:[2]")
+    _fake_proc(proc, 19, "mpiexec", 8, str(tmp_path / "out.txt"))  # mpiexec ... > out.txt
+    r, w = os.pipe()
+    try:
+        with os.fdopen(w, "w", closefd=False) as pipe:
+            assert job_stream_is_terminal(pipe, 1, str(proc), ppid=10)
+            assert not job_stream_is_terminal(pipe, 1, str(proc), ppid=20)
+            assert not job_stream_is_terminal(pipe, 1, str(proc), ppid=8)  # no launcher above
+    finally:
+        os.close(r)
+        os.close(w)
+    with open(tmp_path / "file.txt", "w") as f:  # a rank writing to a file: never a terminal
+        assert not job_stream_is_terminal(f, 1, str(proc), ppid=10)
+
+
+def test_progress_into_a_file_has_no_escape_codes(monkeypatch):
+    import io
+
+    from fourd.bench import progress
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    out = io.StringIO()
+    p = progress.Progress("lines", out)
+    p.start(100, 50.0)
+    for i in range(100):
+        clock[0] += 0.5
+        p.step(f"cell {i}", est_s=0.5)
+    p.clear()
+    text = out.getvalue()
+    assert "\x1b" not in text and "\r" not in text, text
+    lines = text.splitlines()
+    assert 5 <= len(lines) <= 12 and all(x.startswith("# progress: ") for x in lines), lines
+    assert "about" in lines[0] and "left" in lines[0]
+    assert progress.duration(190) == "3 min 10 s" and progress.duration(45) == "45 s"
+
+
+# ---- incremental files -------------------------------------------------------------------------
+
+
+def test_files_are_valid_after_every_row(tmp_path):
+    """files.Outputs rewrites the JSON and the CSV atomically after each row: after every row
+    both parse, the JSON validates, and both hold exactly the rows so far (a ratio filled in
+    later, by the torch pass, reaches the files too)."""
+    from fourd.bench import files
+
+    jp, cp = tmp_path / "r.json", tmp_path / "r.csv"
+    rows = []
+
+    def document(state):
+        doc = _doc(rows)
+        doc["progress"] = {"state": state}
+        return doc
+
+    out = files.Outputs(str(jp), str(cp), document, share=0)
+    out.update(rows)
+    assert json.loads(jp.read_text())["rows"] == [] and len(cp.read_text().splitlines()) == 1
+    for i in range(6):
+        rows.append(_row(size_bytes=1024 << i, requested_bytes=1024 << i))
+        assert out.update(rows)
+        doc = json.loads(jp.read_text())
+        assert report.validate(doc) == [], report.validate(doc)[:3]
+        assert [r["size_bytes"] for r in doc["rows"]] == [1024 << k for k in range(i + 1)]
+        with open(cp) as f:
+            assert len(list(csv.DictReader(f))) == i + 1
+    rows[0]["ratio_vs_torch"] = 3.5
+    out.update(rows, "complete")
+    assert json.loads(jp.read_text())["rows"][0]["ratio_vs_torch"] == 3.5
+    assert json.loads(jp.read_text())["progress"]["state"] == "complete"
+    with open(cp) as f:
+        assert float(next(csv.DictReader(f))["ratio_vs_torch"]) == 3.5
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    # The kept rows give exactly what json.dump writes.
+    report.write_json(str(tmp_path / "plain.json"), document("complete"))
+    assert files.json_text(document("complete")) == (tmp_path / "plain.json").read_text()
+
+
+def test_rewrites_take_a_bounded_share(tmp_path, monkeypatch):
+    """A rewrite that took t waits t / SHARE before the next "running" one; a final state is
+    written at once."""
+    from fourd.bench import files
+
+    clock = [0.0]
+
+    def slow_replace(path, text):
+        clock[0] += 0.1  # every write takes 0.1 s
+
+    monkeypatch.setattr(files.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(files, "replace_atomically", slow_replace)
+    out = files.Outputs(str(tmp_path / "r.json"), None, lambda state: _doc([]), share=0.05)
+    assert out.update([]) and not out.update([])  # the next may come 0.1 / 0.05 = 2 s later
+    clock[0] += 1.0
+    assert not out.update([])
+    clock[0] += 1.0
+    assert out.update([])
+    assert out.update([], "interrupted") and out.writes == 3
+
+
+# ---- the summary's words -----------------------------------------------------------------------
+
+
+def _summary_text(rows, **run):
+    import io
+
+    from fourd.bench.printer import Printer, print_summary
+
+    buf = io.StringIO()
+    print_summary(Printer(True, False, stream=buf), report.summarize(rows), 1.0, 1, run)
+    return buf.getvalue()
+
+
+def test_the_verdict_says_too_noisy():
+    """When auto's cell and the cell of the algorithm it ran (the same code) differ by more
+    than the margin, the run says plainly that it cannot compare."""
+    noisy = [
+        _row(algorithm="auto", auto_choice="ring", time_us=13.0, time_us_median=13.0),
+        _row(algorithm="ring", time_us=10.0, time_us_median=10.0),
+        _row(algorithm="rhd", time_us=11.0, time_us_median=11.0),
+    ]
+    v = report.summarize(noisy)["verdict"]
+    assert v["too_noisy"] and v["basis"] == "same code" and v["noise_median"] == pytest.approx(0.3)
+    text = _summary_text(noisy, rounds=1, load=4.9, cores=2)
+    assert "# verdict: too noisy to compare within 10%" in text, text
+    assert "rerun with -R 5 on a quiet machine" in text and "load average 4.9 on 2 cores" in text
+    quiet = [dict(noisy[0], time_us=10.2, time_us_median=10.2), *noisy[1:]]
+    assert not report.summarize(quiet)["verdict"]["too_noisy"]
+    assert "# verdict: quiet enough to compare within 10%" in _summary_text(quiet)
+
+
+def test_the_summary_does_not_read_like_bugs():
+    """A worst cell whose fastest algorithm is the one auto ran is noise and says so; a
+    stalled cell says so; counts take the singular."""
+    rows = [
+        _row(algorithm="auto", auto_choice="ring", time_us=45.6, time_us_median=9.0),
+        _row(algorithm="ring", time_us=10.0, time_us_median=10.0),
+        _row(algorithm="rhd", time_us=12.0, time_us_median=12.0),
+    ]
+    text = _summary_text(rows)
+    assert "auto ran ring, itself the fastest single algorithm there, so the gap is the run's" in (
+        text
+    ), text
+    assert "auto's cell stalled (its mean 5.1x its median)" in text, text
+    assert "fastest ring" not in text
+    assert "1 note about skipped cells" in text and "1 notes" not in text
+    assert "(same code, 1 cell)" in text and "1 cells" not in text, text
+    assert report.stalled(rows[0]) and not report.stalled(rows[1])
+
+
+def test_tables_show_only_the_baselines_measured_and_fit_long_names():
+    import io
+
+    from fourd.bench.options import AxisSpec
+    from fourd.bench.printer import Printer, algorithm_width
+
+    class Impl:
+        def __init__(self, library, algorithm):
+            self.library, self.algorithm = library, algorithm
+            self.label = algorithm if library == "fourd" else library
+
+    class Row:
+        nbytes, count, dtype, opname = 1024, 256, "float32", "sum"
+        bnd = {"t_min_s": 1e-7}
+
+    buf = io.StringIO()
+    pr = Printer(True, False, stream=buf)
+    pr.alg_width = algorithm_width(["auto", "hierarchical", "mpi"], ["auto", "ring", "flat"])
+    info = {"description": "1 node x 2 ranks", "groups": 1, "bound_text": "c(k-1)/k S/Bi"}
+    pr.table_header("all_reduce", AxisSpec("x", 1, 2), info, ["vs mpi"])
+    auto, hier, mpi = Impl("fourd", "auto"), Impl("fourd", "hierarchical"), Impl("mpi", "mpi")
+    cells = {
+        auto: _row(algorithm="auto", auto_choice="ring", auto_choices=["ring", "flat"]),
+        hier: _row(algorithm="hierarchical", ratio_vs_mpi=2.0),
+        mpi: _row(library="mpi", algorithm="mpi", time_us=20.0),
+    }
+    pr.size_rows(Row(), [(i, {False: c}) for i, c in cells.items()], ["mpi"])
+    text = buf.getvalue()
+    assert "vs mpi" in text and "vs torch" not in text, text
+    lines = [x for x in text.splitlines() if not x.startswith("#")]
+    assert "auto(ring|flat)" in lines[0] and "hierarchical" in lines[1], lines
+    # Every line's columns line up: the fields after the algorithm start at one offset.
+    ends = {x.index(" 0.10") for x in lines}
+    assert len(ends) == 1, lines
+    assert "2.00x" in lines[1]
+    assert "1 group at once" in text, text
+
+
+# ---- the plot ----------------------------------------------------------------------------------
+
+
+def test_the_plots_bound_has_a_latency_floor(tmp_path):
+    """At small sizes the bound's busbw comes from ceil(log2 p) message latencies, not from
+    the bandwidth alone (which put it two decades above every curve)."""
+    r = _row(group_size=4, size_bytes=1024, bound_us=0.1, bus_factor=1.5)
+    assert report.latency_floor_s(4, 2e-6) == pytest.approx(4e-6)
+    assert report.latency_floor_s(5, 2e-6) == pytest.approx(6e-6)
+    assert report.latency_floor_s(1, 2e-6) == 0.0
+    assert report.bound_busbw(r) == pytest.approx(1024 / 0.1e-6 / 1e9 * 1.5)
+    assert report.bound_busbw(r, 2e-6) == pytest.approx(1024 / 4e-6 / 1e9 * 1.5)
+    big = dict(r, size_bytes=1 << 24, bound_us=5000.0)
+    assert report.bound_busbw(big, 2e-6) == report.bound_busbw(big)  # the bandwidth decides
+    pp = tmp_path / "p.png"
+    report.write_plot(str(pp), [r, dict(r, algorithm="ring"), big], "t", latency_s=2e-6)
+    assert pp.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---- signals -----------------------------------------------------------------------------------
+
+
+def test_a_signal_is_recorded_not_acted_on(monkeypatch):
+    """The handler records the signal for the next agreement (runner.py); the same signal
+    arriving twice at once (from the terminal and from mpiexec) is one stop; one arriving
+    later raises KeyboardInterrupt, Python's default."""
+    import signal as sig
+
+    from fourd.bench import stop
+
+    clock = [10.0]
+    monkeypatch.setattr(stop.time, "monotonic", lambda: clock[0])
+    req = stop.StopRequest()
+    old = sig.getsignal(sig.SIGINT)
+    req.install()
+    try:
+        assert sig.getsignal(sig.SIGINT) == req._handler
+        req._handler(sig.SIGINT, None)
+        req._handler(sig.SIGINT, None)
+        assert req.signum == sig.SIGINT
+        clock[0] += stop.ESCALATE_S + 1
+        with pytest.raises(KeyboardInterrupt):
+            req._handler(sig.SIGINT, None)
+    finally:
+        req.restore()
+    assert sig.getsignal(sig.SIGINT) == old
+    assert stop.signal_name(sig.SIGTERM) == "SIGTERM"
+
+
+# ---- the first hour, under mpiexec ---------------------------------------------------------------
+
+
+def test_without_mpiexec_says_how_to_launch():
+    r = subprocess.run(
+        [sys.executable, "-m", "fourd.bench", "-e", "1M"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "mpiexec -n 4 python -m mpi4py -m fourd.bench -e 1M" in r.stderr, r.stderr
+
+
+def test_cli_habits_under_mpi(tmp_path):
+    """-g 1 accepted with its note; with --baseline mpi no "vs torch" anywhere; the header's
+    estimate; no escape codes into a pipe; an explicit -w bounds auto's wait for its tuning
+    (its cells are then timed while it explores, and a note says so)."""
+    jp = tmp_path / "b.json"
+    r = run_mpi(
+        2,
+        [
+            "-m",
+            "fourd.bench",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-g",
+            "1",
+            "-w",
+            "0",
+            "--collective",
+            "all_reduce",
+            "--algorithm",
+            "auto",
+            "--baseline",
+            "mpi",
+            "--json",
+            str(jp),
+        ],
+        timeout=180,
+    )
+    out = r.stdout
+    assert "-g 1: fourd drives one device per rank" in out, out[-3000:]
+    assert "vs mpi" in out and "vs torch" not in out, out[-3000:]
+    assert re.search(r"# estimate: the sweep should take about \d+ s", out), out[:3000]
+    assert "\x1b" not in out and "\r" not in out
+    assert "auto was timed before its tuning settled" in out, out[-3000:]
+    doc = json.loads(jp.read_text())
+    assert report.validate(doc) == [] and doc["progress"]["state"] == "complete"
+    auto = [row for row in doc["rows"] if row["algorithm"] == "auto"]
+    assert auto and any(row["auto_tuning"]["state"] not in ("settled", "single") for row in auto)
+    assert doc["bandwidth"]["latency_s"] > 0
+
+
+def _descendants(pid: int) -> list[int]:
+    kids: dict = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                st = (d / "stat").read_text()
+            except OSError:
+                continue
+            kids.setdefault(int(st[st.rindex(")") + 2 :].split()[1]), []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def _rank_pid(launcher: int, rank: int) -> int:
+    """The pid of a rank of the job under `launcher` (hydra gives each rank PMI_RANK)."""
+    for pid in _descendants(launcher):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env and b"fourd.bench" in cmd:
+            return pid
+    pytest.fail(f"no rank {rank} under pid {launcher}")
+
+
+def _estimate_s(text: str) -> float | None:
+    m = re.search(r"# estimate: the sweep should take about (?:(\d+) min )?(\d+) s", text)
+    return None if m is None else 60 * int(m.group(1) or 0) + int(m.group(2))
+
+
+def _table_cells(text: str) -> set:
+    """(size, implementation) of every printed table line (auto(x) is auto)."""
+    cells = set()
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) > 6 and not line.startswith("#") and f[0].isdigit():
+            cells.add((int(f[0]), "auto" if f[4].startswith("auto(") else f[4]))
+    return cells
+
+
+def _interrupted_run(tmp_path, sig, target) -> tuple[int, str]:
+    """A 2-rank sweep with --json/--csv/--plot, sent `sig` at about half its estimated time,
+    through mpiexec (which forwards it to every rank) or to rank 0 alone."""
+    args = ["-m", "fourd.bench", "-b", "1K", "-e", "1M", "-f", "2", "--collective"]
+    args += ["all_reduce", "--baseline", "mpi", "--progress", "--target-time", "0.1"]
+    for opt, name in (("--json", "b.json"), ("--csv", "b.csv"), ("--plot", "b.png")):
+        args += [opt, str(tmp_path / name)]
+    proc = subprocess.Popen(
+        [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=str(ROOT),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        text=True,
+    )
+    lines: list = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while _estimate_s("".join(lines)) is None or not _table_cells("".join(lines)):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.1)
+        # Half time, and late enough for a progress line (shown from 2 s into the sweep).
+        time.sleep(max(3.0, _estimate_s("".join(lines)) / 2))
+        os.kill(proc.pid if target == "mpiexec" else _rank_pid(proc.pid, 0), sig)
+        rc = proc.wait(timeout=240)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    reader.join(timeout=30)
+    return rc, "".join(lines)
+
+
+@pytest.mark.parametrize(
+    "sig, target",
+    [(signal.SIGINT, "mpiexec"), (signal.SIGINT, "rank 0"), (signal.SIGTERM, "mpiexec")],
+    ids=["SIGINT-to-mpiexec", "SIGINT-to-rank-0", "SIGTERM-to-mpiexec"],
+)
+def test_an_interrupted_run_keeps_every_row(tmp_path, sig, target):
+    """Interrupted at half time, by a signal that mpiexec forwards to every rank or one that
+    reaches rank 0 alone: every rank stops after the same cell, the run exits with 128 + the
+    signal, and the JSON, the CSV and the plot hold exactly the rows printed."""
+    rc, out = _interrupted_run(tmp_path, sig, target)
+    name = signal.Signals(sig).name
+    assert rc == 128 + sig, out[-3000:]
+    assert f"# stopped by {name} after " in out, out[-3000:]
+    assert "\x1b" not in out and "# progress: " in out, out[-3000:]
+    doc = json.loads((tmp_path / "b.json").read_text())
+    assert report.validate(doc) == [], report.validate(doc)[:5]
+    prog = doc["progress"]
+    assert prog["state"] == "interrupted" and prog["signal"] == name, prog
+    assert 0 < prog["cells_done"] < prog["cells_planned"], prog
+    rows = doc["rows"]
+    with open(tmp_path / "b.csv") as f:
+        table = list(csv.DictReader(f))
+    key = ("algorithm", "size_bytes", "in_place")
+    assert [tuple(str(r[k]) for k in key) for r in rows] == [
+        tuple(t[k] for k in key) for t in table
+    ]
+    printed = _table_cells(out)
+    assert printed == {
+        (r["size_bytes"], r["library"] if r["library"] != "fourd" else r["algorithm"]) for r in rows
+    }, (sorted(printed), len(rows))
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    assert doc["summary"]["rows"] == len(rows)

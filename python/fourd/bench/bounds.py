@@ -1,4 +1,5 @@
-"""Bandwidth conventions and physical bounds (pure functions, no MPI).
+"""Bandwidth conventions and physical bounds (pure functions; the two measurements at start,
+memcpy_bandwidth and pingpong_latency, are the only ones that time anything).
 
 busbw follows nccl-tests exactly: algbw = S / t with S the full array (the all-reduce buffer, the
 gathered output of all-gather, the scattered input of reduce-scatter) and GB = 1e9 bytes;
@@ -22,6 +23,9 @@ c (N-1)/N with c = 2 for all-reduce and 1 for all-gather and reduce-scatter, and
   T_min   = max(T_net, T_intra)    (stages pipelined; the sum when they are not)
 
 Broadcast: T_net = S / Be when N > 1 and T_intra = S / Bi when k > 1.
+
+The plot adds a latency floor at small sizes (report.latency_floor_s): ceil(log2 p) one-way
+latencies of a small message, measured at start between rank 0 and a rank of its host.
 """
 
 from __future__ import annotations
@@ -83,3 +87,25 @@ def memcpy_bandwidth(nbytes: int = 16 << 20, reps: int = 5) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
     return src.nbytes / best
+
+
+def pingpong_latency(comm, a: int, b: int, reps: int = 50, warmup: int = 10) -> float | None:
+    """One-way latency of an 8-byte message between ranks a and b of `comm` (an mpi4py
+    communicator): half the fastest of `reps` round trips, the floor a message can reach.
+    Known on rank a; None on every other rank (ranks other than a and b do not take part)."""
+    me = comm.Get_rank()
+    if me not in (a, b) or a == b:
+        return None
+    buf = np.zeros(1, np.float64)
+    best = float("inf")
+    for i in range(warmup + reps):
+        if me == a:
+            t0 = time.perf_counter()
+            comm.Send(buf, dest=b, tag=77)
+            comm.Recv(buf, source=b, tag=77)
+            if i >= warmup:
+                best = min(best, time.perf_counter() - t0)
+        else:
+            comm.Recv(buf, source=a, tag=77)
+            comm.Send(buf, dest=a, tag=77)
+    return best / 2 if me == a else None

@@ -1,18 +1,22 @@
 """Driver of ``python -m fourd.bench``, in stages: the command line (the same verdict on every
 rank), the set-up (session.py), the plan of the cells and the sweep (runner.py), the report
-(header.py, report.py), and an exit status agreed on every rank."""
+(header.py, printer.py, report.py; the files kept current by files.py), and an exit status
+agreed on every rank. SIGINT and SIGTERM end the sweep after the cell in flight on every rank
+(stop.py); what was measured is printed and written, and the status is 128 + the signal."""
 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import sys
 import time
 
-from . import header, report, session
+from . import files, header, printer, report, session
 from .options import HelpRequested, UsageError, parse
 from .runner import Runner
 from .session import PROG
+from .stop import StopRequest, signal_name
 
 
 def main(argv=None) -> int:
@@ -30,26 +34,29 @@ def main(argv=None) -> int:
         from . import gpu  # only with --device cuda
 
         return _finish(world, gpu.run(cfg, world, PROG))
+    stop = StopRequest()  # from here on a signal ends the run cleanly (stop.py)
+    stop.install()
+    try:
+        return _run(cfg, world, hosts, argv, start_time, t_start, stop)
+    finally:
+        stop.restore()
+
+
+def _run(cfg, world, hosts, argv, start_time, t_start, stop) -> int:
+    """The set-up, the sweep, the summary and the files; the exit status every rank agrees on
+    (128 + the signal's number after a stop)."""
     s = session.start(cfg, world, hosts, argv, start_time, t_start)
     if isinstance(s, int):
         return _finish(world, s)
-    runner = Runner(
-        cfg,
-        world,
-        s.grid,
-        s.impls,
-        s.baselines,
-        s.axis_info,
-        s.intra_bps,
-        s.link_bps,
-        s.printer,
-        s.progress,
-    )  # plans the cells (collective)
+    runner = Runner(s, stop)  # plans the cells (collective)
     header.print_header(s, runner)
-    summary, duration = _sweep(s, runner)
+    out = _outputs(s, runner) if world.Get_rank() == 0 else None
+    summary, duration = _sweep(s, runner, out)
     rc = 1 if summary["wrong_total"] > 0 else 0
+    if runner.stopped:
+        rc = 128 + runner.stopped
     if world.Get_rank() == 0 and (cfg.json or cfg.csv or cfg.plot):
-        rc = _write_files(s, runner, summary, duration, rc)
+        rc = _write_files(s, runner, out, summary, duration, rc)
     rc = world.bcast(rc, root=0)
     return _finish(world, rc, s.cleanup)
 
@@ -120,29 +127,80 @@ def _wants_cuda(argv) -> bool:
     return False
 
 
-def _sweep(s, runner) -> tuple[dict, float]:
-    """The sweep, then the summary printed: (summary, seconds since start)."""
+def _outputs(s, runner) -> files.Outputs | None:
+    """Rank 0's --json/--csv, rewritten after every row (files.py); None without them."""
+    if not (s.cfg.json or s.cfg.csv):
+        return None
+
+    def document(state: str) -> dict:
+        summary = report.summarize(runner.rows, runner.wall_s)
+        elapsed = time.perf_counter() - s.t_start
+        return header.document(s, runner, summary, elapsed, runner.wrong_total == 0, state)
+
+    return files.Outputs(s.cfg.json, s.cfg.csv, document)
+
+
+def _sweep(s, runner, out) -> tuple[dict, float]:
+    """The sweep (the files rewritten after each row), then the summary printed: (summary,
+    seconds since start)."""
     runner.skipped.extend(s.notes)
-    s.progress.total = max(1, runner.cells)
-    s.progress.t0 = time.perf_counter()
+    s.progress.start(runner.cells, runner.estimate_s)
+    if out is not None:
+        runner.on_row = lambda: _update(out, runner.rows)
+        _update(out, runner.rows)  # valid files from the start: the header, no rows yet
     runner.run()
     s.progress.clear()
-    summary = report.summarize(runner.rows)
+    summary = report.summarize(runner.rows, runner.wall_s)
     duration = time.perf_counter() - s.t_start
-    report.print_summary(s.printer, summary, duration, len(runner.skipped))
+    printer.print_summary(s.printer, summary, duration, len(runner.skipped), _facts(s, runner))
     return summary, duration
 
 
-def _write_files(s, runner, summary: dict, duration: float, rc: int) -> int:
-    """--json, --csv and --plot (rank 0); the status, 3 when a file could not be written."""
-    cfg, pr, g = s.cfg, s.printer, s.cfg.grid
+def _update(out, rows: list) -> None:
+    """The files after a row; the first failure is reported once and ends the rewrites (the
+    exit status says so at the end: 3)."""
+    if out.error is not None:
+        return
     try:
-        if cfg.json:
-            report.write_json(cfg.json, header.document(s, runner, summary, duration, rc == 0))
-            pr.line(f"# wrote {cfg.json}", always=True)
-        if cfg.csv:
-            report.write_csv(cfg.csv, runner.rows)
-            pr.line(f"# wrote {cfg.csv}", always=True)
+        out.update(rows)
+    except OSError as e:
+        out.error = f"{type(e).__name__}: {e}"
+        print(
+            f"{PROG}: error: writing the output files failed: {out.error}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _facts(s, runner) -> dict:
+    """What the summary says of the run itself (printer.print_summary)."""
+    load = session.load_average()
+    return {
+        "setup_s": s.setup_s,
+        "estimate_s": runner.estimate_s,
+        "stopped": signal_name(runner.stopped) if runner.stopped else None,
+        "cells_done": s.progress.done,
+        "cells_planned": runner.cells,
+        "rounds": s.cfg.rounds,
+        "load": load[0] if load else None,
+        "cores": os.cpu_count(),
+    }
+
+
+def _write_files(s, runner, out, summary: dict, duration: float, rc: int) -> int:
+    """--json, --csv (their final state) and --plot (rank 0); the status, 3 when a file
+    could not be written."""
+    cfg, pr, g = s.cfg, s.printer, s.cfg.grid
+    state = "interrupted" if runner.stopped else "complete"
+    try:
+        if out is not None:
+            if out.error is not None:
+                raise OSError(out.error)
+            doc = header.document(s, runner, summary, duration, rc == 0, state)
+            out.update(runner.rows, state, doc)
+            for path in (cfg.json, cfg.csv):
+                if path:
+                    pr.line(f"# wrote {path}", always=True)
         if cfg.plot:
             import fourd
 
@@ -151,7 +209,8 @@ def _write_files(s, runner, summary: dict, duration: float, rc: int) -> int:
                 runner.rows,
                 f"fourd {fourd.build_info()['version']}, {s.nranks} ranks, grid "
                 f"x={g['x']} y={g['y']} z={g['z']} data={g['data']}, "
-                f"{','.join(cfg.dtypes)}",
+                f"{','.join(cfg.dtypes)}" + (f" ({state})" if runner.stopped else ""),
+                latency_s=s.latency_s,
             )
             pr.line(f"# wrote {cfg.plot}", always=True)
     except Exception as e:  # noqa: BLE001 - reported, and the status says so

@@ -13,9 +13,11 @@ from mpi4py import MPI
 import fourd
 
 from . import report
-from .report import fmt_size
+from .progress import duration
+from .report import fmt_size, plural
 from .runner import MAX_ITERS, MIN_ITERS
-from .session import PROG
+from .session import PROG, load_average
+from .stop import signal_name
 
 
 def versions() -> dict:
@@ -131,6 +133,24 @@ def _print_run(s, runner) -> None:
         + f"types "
         f"{','.join(cfg.dtypes)}; ops {','.join(cfg.ops)}"
     )
+    _print_estimate(s, runner)
+
+
+def _print_estimate(s, runner) -> None:
+    """How long the sweep should take, said to be an estimate (runner._estimate)."""
+    torch = any(b.library == "torch" for b in s.baselines)
+    per = (
+        f"{s.cfg.iters} timed calls"
+        if s.cfg.iters is not None
+        else f"about {runner.target_s * 1e3:.0f} ms of timed calls"
+    )
+    s.printer.line(
+        f"# estimate: the sweep should take about {duration(runner.estimate_s)} "
+        f"({plural(runner.cells, 'cell')} x {plural(s.cfg.rounds, 'round')}, {per} each, the "
+        "untimed calls priced by fourd's cost model"
+        + (", torch's by gloo's small all_reduce timed at start" if torch else "")
+        + "); an estimate: a busy machine takes longer"
+    )
 
 
 def _print_placement(pr, placement: list) -> None:
@@ -149,8 +169,10 @@ def _print_placement(pr, placement: list) -> None:
         )
 
 
-def document(s, runner, summary: dict, duration: float, ok: bool) -> dict:
-    """The --json document (report.TOP_FIELDS; docs/benchmark.md describes every field)."""
+def document(s, runner, summary: dict, duration: float, ok: bool, state: str = "complete") -> dict:
+    """The --json document (report.TOP_FIELDS; docs/benchmark.md describes every field), of
+    the rows measured so far; `state`: "running" (rewritten after each row), "complete" or
+    "interrupted" (report.PROGRESS_STATES)."""
     cfg, grid, g = s.cfg, s.grid, s.cfg.grid
     info = fourd.build_info()
     mpi_lines, mpi_first = _mpi_library()
@@ -175,6 +197,7 @@ def document(s, runner, summary: dict, duration: float, ok: bool) -> dict:
             "platform": platform.platform(),
             "hosts": sorted(set(s.hosts)),
             "cpu_count": os.cpu_count(),
+            "load_average": {"start": s.load_start, "now": load_average()},
             "env": _env_subset(),
         },
         "fourd": dict(info),
@@ -205,6 +228,10 @@ def document(s, runner, summary: dict, duration: float, ok: bool) -> dict:
             ),
             "link_Bps": s.link_bps,
             "link_source": cfg.link_rate_source,
+            "latency_s": s.latency_s,
+            "latency_method": f"half the fastest of 50 round trips of 8 bytes between world "
+            f"ranks {s.latency_pair[0]} and {s.latency_pair[-1]} (MPI Send/Recv); the plot's "
+            "latency floor is ceil(log2 p) of it",
             "formula": "T_min = max(c(N-1)/N S/Be, c(k-1)/k S/Bi); c = 2 all_reduce, 1 "
             "all_gather/reduce_scatter; broadcast S/Be, S/Bi",
         },
@@ -213,6 +240,13 @@ def document(s, runner, summary: dict, duration: float, ok: bool) -> dict:
         "skipped": runner.skipped,
         "summary": summary,
         "ok": ok,
+        "progress": {
+            "state": state,
+            "signal": signal_name(runner.stopped) if runner.stopped else None,
+            "cells_done": s.progress.done,
+            "cells_planned": runner.cells,
+            "estimate_s": runner.estimate_s,
+        },
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 import warnings
 
 import numpy as np
@@ -211,6 +212,7 @@ class TorchImpl(Impl):
         self.roots: dict = {}
         self.version = torch.__version__
         self.master = ""
+        self.latency_s = 0.0  # one small gloo all_reduce (setup)
         torch.set_num_threads(1)  # ranks already share the cores; no intra-op threads
         self.ops = {
             "sum": dist.ReduceOp.SUM,
@@ -271,6 +273,20 @@ class TorchImpl(Impl):
                 if me in ranks:
                     self.groups[axis.mask] = pg
             self.roots[axis.mask] = mine[0]  # fourd's and MPI's group rank 0
+        self.latency_s = self._small_call_seconds()
+
+    def _small_call_seconds(self, calls: int = 8) -> float:
+        """The median time of an 8-byte all_reduce on every rank (after 2 untimed): what one
+        gloo call costs at least, for the header's estimate (runner.py), which fourd's cost
+        model cannot price. Collective over the world (torch only)."""
+        t = self.torch.zeros(2, dtype=self.torch.float32)
+        times = []
+        for i in range(calls + 2):
+            t0 = time.perf_counter()
+            self.dist.all_reduce(t)
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
 
     def close(self):
         try:

@@ -18,6 +18,7 @@ from fourd import _C
 from fourd.errors import InvalidArgumentError
 
 from .collectives import DEFAULT_COLLECTIVES, TABLE
+from .report import plural
 
 # Names are fourd's (fourd._C); the benchmark adds its own baselines and the CLI spellings below.
 DTYPES = _C.DTYPES
@@ -31,6 +32,7 @@ DEFAULT_MINBYTES = 1024
 DEFAULT_MAXBYTES = 16 * 1024 * 1024
 DEFAULT_STEPFACTOR = 4.0
 MAX_SIZES = 200
+DEFAULT_WARMUP = 5
 
 
 class UsageError(Exception):
@@ -176,10 +178,11 @@ def _add_iterations(g) -> None:
         "--warmup-iters",
         dest="warmup_iters",
         type=int,
-        default=5,
+        default=None,
         metavar="N",
-        help="untimed warm-up iterations per row (default 5, as nccl-tests; the "
-        "first row of a run gets 20 more)",
+        help=f"untimed warm-up iterations per row (default {DEFAULT_WARMUP}, as nccl-tests; "
+        "the first row of a run gets 20 more). auto then waits, untimed, for its tuning "
+        "to settle: up to 3840 calls by default, at most N when -w is given",
     )
     g.add_argument(
         "-R",
@@ -209,6 +212,15 @@ def _add_iterations(g) -> None:
         "the per-iteration maximum across ranks (the strictest: any rank's jitter "
         "counts); batch: as nccl-tests, each rank times the whole batch of "
         "iterations back to back, time = the slowest rank's batch / iterations",
+    )
+    g.add_argument(
+        "-g",
+        "--ngpus",
+        type=int,
+        default=None,
+        metavar="1",
+        help="nccl-tests' devices per process: only 1, since fourd drives one device per "
+        "rank (launch one rank per GPU)",
     )
     g.add_argument(
         "-T",
@@ -330,8 +342,14 @@ def _add_output(p) -> None:
     g.add_argument(
         "--progress",
         action="store_true",
-        help="show the progress bar even when stderr is not a terminal (under "
-        "mpiexec it usually is not)",
+        help="show progress even when the output is not a terminal: a bar on stderr where "
+        "that is a terminal, else a plain line every 10%% (default: a bar when the "
+        "job's stdout is a terminal, none otherwise)",
+    )
+    g.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar, even on a terminal",
     )
     g.add_argument("-h", "--help", action="store_true", help="show this help and exit")
 
@@ -374,8 +392,10 @@ class Config:
     csv: str | None
     plot: str | None
     quiet: bool
-    progress: bool
+    progress: bool  # --progress: shown even when the output is not a terminal
     notes: list = field(default_factory=list)
+    no_progress: bool = False
+    warmup_requested: bool = False  # -w given: it also bounds auto's wait for its tuning
     device: str = "cpu"
     timing: str = "iteration"
     raw: dict = field(default_factory=dict)
@@ -645,9 +665,12 @@ def parse(
     args = parser.parse_args(argv)
     if args.help:
         raise HelpRequested(parser.format_help())
+    if world < 2:
+        raise UsageError(_launch_hint(argv))
     notes: list[str] = []
     sizes = _sizes(args)
     _check_numbers(args)
+    _check_devices(args, notes)
     names = _names(args)
     grid, order, rpn, source = _grid(args, world, hosts)
     axes = resolve_axes(args.axis, grid, notes, order)
@@ -661,7 +684,8 @@ def parse(
         argv=list(argv),
         sizes=sizes,
         iters=args.iters,
-        warmup=args.warmup_iters,
+        warmup=DEFAULT_WARMUP if args.warmup_iters is None else args.warmup_iters,
+        warmup_requested=args.warmup_iters is not None,
         rounds=args.rounds,
         target_time=args.target_time,
         check=args.check,
@@ -682,6 +706,7 @@ def parse(
         plot=args.plot,
         quiet=args.quiet,
         progress=args.progress,
+        no_progress=args.no_progress,
         notes=notes,
         raw={k: v for k, v in vars(args).items() if k != "help"},
     )
@@ -691,7 +716,7 @@ def _check_numbers(args) -> None:
     """The counts and durations: each in its range, and -n not with --target-time."""
     if args.iters is not None and args.iters < 1:
         raise UsageError(f"-n/--iters: expected at least 1 timed iteration; found {args.iters}")
-    if args.warmup_iters < 0:
+    if args.warmup_iters is not None and args.warmup_iters < 0:
         raise UsageError(f"-w/--warmup_iters: expected 0 or more; found {args.warmup_iters}")
     if args.rounds < 1:
         raise UsageError(f"-R/--rounds: expected at least 1 round; found {args.rounds}")
@@ -712,6 +737,28 @@ def _check_numbers(args) -> None:
         raise UsageError(
             f"-T/--timeout: expected a positive number of seconds; found {args.timeout:g}"
         )
+
+
+def _launch_hint(argv: list[str]) -> str:
+    """The error of a run on one rank (started without mpiexec): how to launch it."""
+    rest = "".join(f" {a}" for a in argv)
+    return (
+        "one rank: a collective needs a group of 2 or more, so there is nothing to measure. "
+        "Start it under MPI, one rank per core or GPU, for example:\n"
+        f"    mpiexec -n 4 python -m mpi4py -m fourd.bench{rest}"
+    )
+
+
+def _check_devices(args, notes: list) -> None:
+    """-g/--ngpus (nccl-tests' devices per process): fourd drives one device per rank."""
+    if args.ngpus is None:
+        return
+    if args.ngpus != 1:
+        raise UsageError(
+            f"-g/--ngpus: fourd drives one device per rank, so only -g 1 is accepted; found "
+            f"-g {args.ngpus}. Launch one rank per GPU instead (mpiexec -n <number of GPUs>)"
+        )
+    notes.append("-g 1: fourd drives one device per rank, as nccl-tests does with -g 1")
 
 
 def _names(args) -> dict:
@@ -753,12 +800,27 @@ def _grid(args, world: int, hosts: list[str]) -> tuple[dict, str, int | None, st
         )
     order = parse_order(args.order)
     if args.grid is not None:
-        return parse_grid(args.grid, world), order, args.ranks_per_node, "--grid"
+        return (parse_grid(args.grid, world), order, *_grid_nodes(args, world, hosts))
     grid, rpn, source = default_grid(world, hosts)
     if args.ranks_per_node is not None:
         rpn = args.ranks_per_node
         source += f" (--ranks-per-node {rpn})"
     return grid, order, rpn, source
+
+
+def _grid_nodes(args, world: int, hosts: list[str]) -> tuple[int | None, str]:
+    """(ranks per node, where the grid came from) of a --grid: the nodes are those of the host
+    list, as without --grid (one host: the same virtual nodes as the default grid), unless
+    --ranks-per-node says otherwise."""
+    if args.ranks_per_node is not None:
+        return args.ranks_per_node, f"--grid, --ranks-per-node {args.ranks_per_node}"
+    rpn = default_grid(world, hosts)[1]
+    if rpn is None:
+        return None, "--grid"
+    return rpn, (
+        f"--grid; virtual nodes of {plural(rpn, 'rank')} as without --grid "
+        "(--ranks-per-node changes them)"
+    )
 
 
 def _link_rate(args, environ, notes: list) -> tuple[float | None, str]:

@@ -1,5 +1,6 @@
-"""What the benchmark prints and writes: the nccl-tests style tables, the summary, and the
-JSON / CSV / PNG files. Rank 0 only; nothing here communicates.
+"""What the benchmark writes and the figures of its summary: the JSON schema, the CSV and the
+plot, and the summary's per-implementation averages, auto check and verdict (printer.py prints
+them, files.py keeps the files current during a run). Rank 0 only; nothing here communicates.
 
 The JSON schema (docs/benchmark.md describes every field) is checked by `validate()`, which the
 tests run on real output.
@@ -10,13 +11,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
-
-from .collectives import TABLE
 
 SCHEMA = "fourd.bench"
-SCHEMA_VERSION = 4  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning;
-#                     4: auto_choices
+SCHEMA_VERSION = 5  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning;
+#                     4: auto_choices; 5: progress, the summary's verdict and wall_s, the
+#                     bandwidth's latency_s, baselines.torch.latency_s, environment.load_average
 
 # Every row carries these keys (None where a value does not apply), in this order in the CSV.
 ROW_FIELDS = (
@@ -80,7 +79,9 @@ TOP_FIELDS = (
     ("skipped", list),
     ("summary", dict),
     ("ok", bool),
+    ("progress", dict),
 )
+PROGRESS_STATES = ("running", "complete", "interrupted")
 LIBRARIES = ("fourd", "mpi", "torch")
 
 
@@ -110,6 +111,9 @@ def _top_errors(doc: dict) -> list[str]:
         errs.append(
             f"schema_version: expected {SCHEMA_VERSION}, found {doc.get('schema_version')!r}"
         )
+    state = (doc.get("progress") or {}).get("state", PROGRESS_STATES[0])
+    if state not in PROGRESS_STATES:
+        errs.append(f"progress.state: expected one of {PROGRESS_STATES}, found {state!r}")
     return errs
 
 
@@ -145,21 +149,40 @@ def _tname(typ) -> str:
     return typ.__name__
 
 
-def _json_clean(v):
+def json_clean(v):
     """NaN/inf -> None (JSON has no such numbers), recursively."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, dict):
-        return {k: _json_clean(x) for k, x in v.items()}
+        return {k: json_clean(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_json_clean(x) for x in v]
+        return [json_clean(x) for x in v]
     return v
 
 
 def write_json(path: str, doc: dict):
     with open(path, "w") as f:
-        json.dump(_json_clean(doc), f, indent=1, allow_nan=False)
+        json.dump(json_clean(doc), f, indent=1, allow_nan=False)
         f.write("\n")
+
+
+def csv_values(r: dict, names: list) -> list:
+    """One row's CSV fields, in the order of `names`."""
+    out = []
+    for k in names:
+        v = r.get(k)
+        if k in ("times_us", "round_times_us"):
+            v = " ".join(f"{x:g}" for x in v or [])
+        elif isinstance(v, list):  # auto_choices: names, space-separated
+            v = " ".join(str(x) for x in v)
+        elif isinstance(v, dict):  # auto_tuning: as in the JSON
+            v = json.dumps(json_clean(v), sort_keys=True)
+        elif isinstance(v, float):
+            v = f"{v:.6g}"
+        elif v is None:
+            v = ""
+        out.append(v)
+    return out
 
 
 def write_csv(path: str, rows: list):
@@ -168,67 +191,93 @@ def write_csv(path: str, rows: list):
         w = csv.writer(f)
         w.writerow(names)
         for r in rows:
-            out = []
-            for k in names:
-                v = r.get(k)
-                if k in ("times_us", "round_times_us"):
-                    v = " ".join(f"{x:g}" for x in v or [])
-                elif isinstance(v, list):  # auto_choices: names, space-separated
-                    v = " ".join(str(x) for x in v)
-                elif isinstance(v, dict):  # auto_tuning: as in the JSON
-                    v = json.dumps(_json_clean(v), sort_keys=True)
-                elif isinstance(v, float):
-                    v = f"{v:.6g}"
-                elif v is None:
-                    v = ""
-                out.append(v)
-            w.writerow(out)
+            w.writerow(csv_values(r, names))
 
 
 def series_label(row) -> str:
     return row["algorithm"] if row["library"] == "fourd" else row["library"]
 
 
-def write_plot(path: str, rows: list, title: str):
+def latency_floor_s(group_size: int, latency_s: float | None) -> float:
+    """The fewest message latencies a collective of a group of p ranks can take, ceil(log2 p)
+    (a rank's result depends on every rank's data, and each round of messages at most doubles
+    how many ranks' data a rank has seen: Chan et al., Collective communication: theory,
+    practice, and experience, 2007), times the one-way latency of a small message; 0 without
+    a latency."""
+    if not latency_s or group_size < 2:
+        return 0.0
+    return math.ceil(math.log2(group_size)) * latency_s
+
+
+def bound_busbw(row: dict, latency_s: float | None = None) -> float | None:
+    """The busbw the bound allows for a row (GB/s): S x bus factor over the longer of the
+    bandwidth bound (bound_us) and the latency floor; None without a bound."""
+    if not row.get("bound_us"):
+        return None
+    t = max(row["bound_us"] * 1e-6, latency_floor_s(row["group_size"], latency_s))
+    return row["size_bytes"] / t / 1e9 * row["bus_factor"]
+
+
+def write_plot(path: str, rows: list, title: str, latency_s: float | None = None):
     """busbw (log y) against size (log2 x) per algorithm and baseline, one panel per
     (collective, axis); out-of-place rows, or in-place where an implementation has only those;
-    the dotted line is the busbw the physical bound allows."""
+    the dotted line is the busbw the bound allows: the bandwidth bound, and at small sizes the
+    latency floor of `latency_s` per message round (latency_floor_s). One legend for every
+    panel, below them, so that it covers no data; an implementation has the same colour in
+    every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    colls = list(dict.fromkeys(r["collective"] for r in rows))
-    axes = list(dict.fromkeys(r["axis"] for r in rows))
-    if not rows:
-        colls, axes = ["(no rows)"], [""]
     from matplotlib.ticker import FuncFormatter
 
+    colls = list(dict.fromkeys(r["collective"] for r in rows)) or ["(no rows)"]
+    axes = list(dict.fromkeys(r["axis"] for r in rows)) or [""]
+    colours = {
+        label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(map(series_label, rows)))
+    }
     size_fmt = FuncFormatter(lambda v, _pos: fmt_size(int(v)) if v >= 1 else "")
+    height = 3.4 * len(colls)
     fig, grid = plt.subplots(
-        len(colls), len(axes), figsize=(4.6 * len(axes), 3.4 * len(colls)), squeeze=False
+        len(colls), len(axes), figsize=(4.6 * len(axes), height), squeeze=False
     )
+    legend: dict = {}
     for i, c in enumerate(colls):
         for j, a in enumerate(axes):
             mine = [r for r in rows if r["collective"] == c and r["axis"] == a]
-            _plot_panel(grid[i][j], mine, f"{c} on {a}", size_fmt)
+            _plot_panel(grid[i][j], mine, f"{c} on {a}", size_fmt, colours, latency_s)
+            for h, label in zip(*grid[i][j].get_legend_handles_labels()):
+                legend.setdefault(label, h)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, _legend_below(fig, legend, 3 * len(axes), height), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _plot_panel(ax, mine: list, title: str, size_fmt) -> None:
+def _legend_below(fig, legend: dict, most: int, height: float) -> float:
+    """One legend (label -> handle) under the panels, at most `most` entries a line; the
+    share of the figure's height it takes (0 without entries)."""
+    if not legend:
+        return 0.0
+    ncol = max(1, min(len(legend), most))
+    fig.legend(
+        list(legend.values()),
+        list(legend),
+        loc="lower center",
+        ncol=ncol,
+        fontsize=7,
+        frameon=False,
+    )
+    return (0.22 * math.ceil(len(legend) / ncol) + 0.1) / height
+
+
+def _plot_panel(ax, mine: list, title: str, size_fmt, colours: dict, latency_s) -> None:
     """One (collective, axis): a line per series, the bound dotted."""
-    multi = len({(r["dtype"], r["op"]) for r in mine}) > 1
+    variants = list(dict.fromkeys((r["dtype"], r["op"]) for r in mine))
     for key in dict.fromkeys((series_label(r), r["dtype"], r["op"]) for r in mine):
-        _plot_series(
-            ax, [r for r in mine if (series_label(r), r["dtype"], r["op"]) == key], key, multi
-        )
-    bnd = {}
-    for r in mine:
-        if r.get("bound_us"):
-            bnd[r["size_bytes"]] = r["size_bytes"] / (r["bound_us"] * 1e-6) / 1e9 * r["bus_factor"]
+        sel = [r for r in mine if (series_label(r), r["dtype"], r["op"]) == key]
+        _plot_series(ax, sel, key, variants, colours.get(key[0]))
+    bnd = {r["size_bytes"]: bound_busbw(r, latency_s) for r in mine if r.get("bound_us")}
     if bnd:
         xs = sorted(bnd)
         ax.plot(xs, [bnd[x] for x in xs], ":", color="black", label="bound")
@@ -241,24 +290,30 @@ def _plot_panel(ax, mine: list, title: str, size_fmt) -> None:
     ax.set_ylabel("busbw (GB/s)", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.grid(True, which="both", alpha=0.3)
-    if mine:
-        ax.legend(fontsize=7)
 
 
-def _plot_series(ax, sel: list, key: tuple, multi: bool) -> None:
-    """One series (label, dtype, op): its out-of-place rows, else its in-place ones."""
+_MARKERS = "os^vDPX*"
+
+
+def _plot_series(ax, sel: list, key: tuple, variants: list, colour) -> None:
+    """One series (label, dtype, op): its out-of-place rows, else its in-place ones; its
+    colour is its implementation's, its marker its (dtype, op)'s."""
     oop = [r for r in sel if not r["in_place"]]
     use = sorted(oop or sel, key=lambda r: r["size_bytes"])
     label = key[0] + ("" if oop else " (in-place)")
-    if multi:
+    if len(variants) > 1:
         label += f" {key[1]}" + ("" if key[2] == "none" else f" {key[2]}")
-    style = "-o" if use and use[0]["library"] == "fourd" else "--s"
+    marker = _MARKERS[variants.index((key[1], key[2])) % len(_MARKERS)]
+    line = "-" if use and use[0]["library"] == "fourd" else "--"
     ax.plot(
-        [r["size_bytes"] for r in use], [r["busbw_gbps"] for r in use], style, ms=3, label=label
+        [r["size_bytes"] for r in use],
+        [r["busbw_gbps"] for r in use],
+        line,
+        marker=marker,
+        ms=3,
+        color=colour,
+        label=label,
     )
-
-
-# ---- text output -------------------------------------------------------------------------------
 
 
 def fmt_size(n: int) -> str:
@@ -268,112 +323,9 @@ def fmt_size(n: int) -> str:
     return str(n)
 
 
-def _t(us):
-    if us is None:
-        return "n/a"
-    return f"{us:.1f}" if us >= 1000 else f"{us:.2f}"
-
-
-def _r(x):
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def _pct(x):
-    return "-" if x is None else f"{x * 100:.0f}%"
-
-
-ALGO_SHORT = {"hierarchical": "hier"}  # the algorithm column's width
-LEFT = "{:>11} {:>11} {:>8} {:>5} {:>11} {:>10}"
-BLOCK = " {:>10} {:>6} {:>6} {:>6} {:>5} {:>7} {:>8}"
-
-
-def _block(row, fourd_row: bool, baselines) -> str:
-    """One placement's columns of a table line (n/a where the cell was not measured)."""
-    if not isinstance(row, dict):
-        return BLOCK.format("n/a", "", "", "", "", "", "")
-    wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
-    vm = vt = ""
-    if fourd_row:
-        vm = _r(row.get("ratio_vs_mpi")) if "mpi" in baselines else ""
-        vt = _r(row.get("ratio_vs_torch")) if "torch" in baselines else ""
-    return BLOCK.format(
-        _t(row["time_us"]),
-        f"{row['algbw_gbps']:.2f}",
-        f"{row['busbw_gbps']:.2f}",
-        wrong,
-        _pct(row["efficiency"]),
-        vm,
-        vt,
-    )
-
-
-class Printer:
-    """Rank 0's output; on other ranks (and with --quiet, except the summary) it prints nothing."""
-
-    def __init__(self, enabled: bool, quiet: bool, progress=None, stream=None):
-        self.enabled = enabled
-        self.quiet = quiet
-        self.progress = progress
-        self.stream = stream or sys.stdout
-
-    def _out(self, text: str, always: bool = False):
-        if not self.enabled or (self.quiet and not always):
-            return
-        if self.progress is not None:
-            self.progress.clear()
-        print(text.rstrip(), file=self.stream, flush=True)
-
-    def line(self, text: str = "", always: bool = False):
-        self._out(text, always)
-
-    def note(self, text: str):
-        self._out(f"# note: {text}")
-
-    def table_header(self, coll, axis, info):
-        p = axis.group_size
-        factor = TABLE[coll].factor_text
-        self._out("#")
-        self._out(
-            f"# {coll} on {axis.name}: groups of {p} ranks ({info['description']}), "
-            f"{info['groups']} group{'s' if info['groups'] > 1 else ''} at once; "
-            f"busbw = algbw x {factor}; bound: {info['bound_text']}"
-        )
-        pad = " " * len(LEFT.format(*[""] * 6))
-        w = len(BLOCK.format(*[""] * 7))
-        self._out(f"#{pad}{'out-of-place':^{w}}{'in-place':^{w}}")
-        names = LEFT.format("size", "count", "type", "redop", "algorithm", "bound")
-        units = LEFT.format("(B)", "(elements)", "", "", "", "(us)")
-        blk = BLOCK.format("time", "algbw", "busbw", "#wrong", "eff", "vs mpi", "vs torch")
-        ublk = BLOCK.format("(us)", "(GB/s)", "(GB/s)", "", "", "", "")
-        self._out(f"#{names}{blk}{blk}")
-        self._out(f"#{units}{ublk}{ublk}")
-
-    def size_rows(self, coll, axis, dtype, op, size, nbytes, count, bnd, group, baselines):
-        for impl, cells in group:
-            first = next(v for v in cells.values() if isinstance(v, dict))
-            alg = impl.label
-            if impl.library == "fourd" and impl.algorithm == "auto" and first.get("auto_choice"):
-                chs = list(dict.fromkeys(first.get("auto_choices") or [first["auto_choice"]]))
-                alg = f"auto({'|'.join(ALGO_SHORT.get(c, str(c)) for c in chs)})"
-            left = LEFT.format(
-                nbytes, count, dtype, op, alg, _t(bnd["t_min_s"] * 1e6) if bnd else "n/a"
-            )
-            blocks = "".join(
-                _block(cells.get(in_place), impl.library == "fourd", baselines)
-                for in_place in (False, True)
-            )
-            self._out(f" {left}{blocks}")
-
-    def table_footer(self, coll, axis, rows):
-        mine = [r for r in rows if r["collective"] == coll and r["axis"] == axis.name]
-        if not mine:
-            self._out("# (no rows)")
-            return
-        parts = []
-        for label in dict.fromkeys(series_label(r) for r in mine):
-            bw = [r["busbw_gbps"] for r in mine if series_label(r) == label]
-            parts.append(f"{label} {sum(bw) / len(bw):.2f}")
-        self._out(f"# avg busbw (GB/s): {'  '.join(parts)}")
+def plural(n: int, word: str) -> str:
+    """'1 cell', '2 cells'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def geomean(xs):
@@ -384,6 +336,19 @@ def geomean(xs):
 
 
 AUTO_MARGIN = 1.10  # the issue's "within 10% of the best single algorithm"
+# A cell whose mean time is over STALL_RATIO x its per-iteration median had a few iterations
+# held up (a busy machine: a rank descheduled, another job's burst), so its mean, and any ratio
+# made of it, says more about the machine than about the implementation.
+STALL_RATIO = 1.5
+# Without auto's twin cells (no auto, or no single algorithm), the run is too noisy to compare
+# when more than this share of its cells stalled.
+STALLED_SHARE = 0.25
+
+
+def stalled(row: dict) -> bool:
+    """Whether a cell stalled: its mean time over STALL_RATIO x its per-iteration median."""
+    med = row.get("time_us_median") or 0.0
+    return med > 0 and row["time_us"] > STALL_RATIO * med
 
 
 def auto_check(rows: list) -> dict | None:
@@ -464,19 +429,52 @@ def _worst_cell(k: tuple, ratio: float, auto: dict, best: dict) -> dict:
         "ratio": ratio,
         "auto_choice": auto["auto_choice"],
         "best_algorithm": best["algorithm"],
+        "auto_mean_over_median": auto["time_us"] / auto["time_us_median"]
+        if auto.get("time_us_median")
+        else None,
     }
 
 
-def summarize(rows: list) -> dict:
+def verdict(rows: list, ac: dict | None) -> dict | None:
+    """Whether the run can compare implementations within AUTO_MARGIN. The measure is the
+    run's own noise: auto's cell against the cell of the algorithm it ran, the same code timed
+    twice (auto_check); when their median difference exceeds the margin, a difference within
+    the margin means nothing. Without such pairs, the share of cells that stalled decides."""
+    if not rows:
+        return None
+    stalls = sum(stalled(r) for r in rows)
+    noise = ac.get("same_algorithm_diff_median") if ac else None
+    if noise is not None:
+        too_noisy, basis = noise > AUTO_MARGIN - 1.0, "same code"
+    else:
+        too_noisy, basis = stalls > STALLED_SHARE * len(rows), "stalls"
+    return {
+        "too_noisy": bool(too_noisy),
+        "basis": basis,
+        "margin": AUTO_MARGIN,
+        "noise_median": noise,
+        "noise_max": ac.get("same_algorithm_diff_max") if ac else None,
+        "stalled_cells": stalls,
+        "stall_ratio": STALL_RATIO,
+        "cells": len(rows),
+    }
+
+
+def summarize(rows: list, wall_s: dict | None = None) -> dict:
     """Per (collective, axis, implementation): average busbw and efficiency, geometric-mean
     speed ratios; per (collective, axis, dtype, op, size): the fastest fourd algorithm and the
-    fastest of all."""
+    fastest of all; the auto check and the verdict; `wall_s`, the seconds each implementation's
+    cells took (the runner's), as given. Linear in the rows: the files are rewritten, with
+    their summary, after every row of a run."""
     fourd_rows = [r for r in rows if r["library"] == "fourd"]
     wrong = sum(r["wrong"] or 0 for r in rows)
+    ac = auto_check(rows)
     return {
         "per_algorithm": _per_algorithm(rows),
         "best_per_size": _best_per_size(rows),
-        "auto_check": auto_check(rows),
+        "auto_check": ac,
+        "verdict": verdict(rows, ac),
+        "wall_s": dict(wall_s or {}),
         "avg_busbw_gbps": (sum(r["busbw_gbps"] for r in fourd_rows) / len(fourd_rows))
         if fourd_rows
         else None,
@@ -485,17 +483,18 @@ def summarize(rows: list) -> dict:
     }
 
 
+def _grouped(rows: list, key) -> dict:
+    """key(row) -> the rows with that key, in the order of their first row."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
 def _per_algorithm(rows: list) -> list:
     per = []
-    keys = list(
-        dict.fromkeys((r["collective"], r["axis"], r["library"], r["algorithm"]) for r in rows)
-    )
-    for c, a, lib, alg in keys:
-        sel = [
-            r
-            for r in rows
-            if (r["collective"], r["axis"], r["library"], r["algorithm"]) == (c, a, lib, alg)
-        ]
+    groups = _grouped(rows, lambda r: (r["collective"], r["axis"], r["library"], r["algorithm"]))
+    for (c, a, lib, alg), sel in groups.items():
         effs = [r["efficiency"] for r in sel if r["efficiency"] is not None]
         per.append(
             {
@@ -518,17 +517,10 @@ def _per_algorithm(rows: list) -> list:
 
 
 def _best_per_size(rows: list) -> list:
-    best = []
-    for key in dict.fromkeys(
-        (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) for r in rows
-    ):
-        sel = [
-            r
-            for r in rows
-            if (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"]) == key
-        ]
-        best.append(_best_of(key, sel))
-    return best
+    groups = _grouped(
+        rows, lambda r: (r["collective"], r["axis"], r["dtype"], r["op"], r["size_bytes"])
+    )
+    return [_best_of(key, sel) for key, sel in groups.items()]
 
 
 def _best_of(key: tuple, sel: list) -> dict:
@@ -562,105 +554,3 @@ def _best_of(key: tuple, sel: list) -> dict:
 
 def _get(row: dict | None, key: str):
     return row.get(key) if row else None
-
-
-def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: int):
-    pr.line("#", always=True)
-    _print_per_algorithm(pr, summary["per_algorithm"])
-    _print_best(pr, summary["best_per_size"])
-    if summary.get("auto_check"):
-        _print_auto_check(pr, summary["auto_check"])
-    wrong = summary["wrong_total"]
-    pr.line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", always=True)
-    avg = summary["avg_busbw_gbps"]
-    pr.line(
-        f"# Avg bus bandwidth    : {'n/a' if avg is None else f'{avg:.4f}'} GB/s "
-        f"(fourd rows, out-of-place and in-place)",
-        always=True,
-    )
-    extra = f", {skipped_count} notes about skipped cells" if skipped_count else ""
-    pr.line(
-        f"# Collective test concluded: {summary['rows']} rows in {duration:.1f} s{extra}",
-        always=True,
-    )
-
-
-def _print_per_algorithm(pr: Printer, per: list) -> None:
-    pr.line(
-        "# Summary: avg busbw over sizes, out-of-place and in-place; avg eff = bound / time; "
-        "vs = geometric mean of t_baseline / t_fourd (> 1: fourd faster)",
-        always=True,
-    )
-    pr.line(
-        f"#   {'collective':<15}{'axis':<10}{'algorithm':<13}{'avg busbw':>10}{'avg eff':>9}"
-        f"{'vs mpi':>8}{'vs torch':>9}",
-        always=True,
-    )
-    for s in per:
-        label = s["algorithm"] if s["library"] == "fourd" else s["library"]
-        eff = "-" if s["avg_efficiency"] is None else f"{s['avg_efficiency'] * 100:.0f}%"
-        pr.line(
-            f"#   {s['collective']:<15}{s['axis']:<10}{label:<13}{s['avg_busbw_gbps']:>10.3f}"
-            f"{eff:>9}{_r(s['ratio_vs_mpi']):>8}{_r(s['ratio_vs_torch']):>9}",
-            always=True,
-        )
-
-
-def _print_best(pr: Printer, best: list) -> None:
-    pr.line(
-        "# Best fourd algorithm per size (fastest placement; [auto's choice]; * = a baseline "
-        "was faster):",
-        always=True,
-    )
-    groups = list(dict.fromkeys((b["collective"], b["axis"], b["dtype"], b["op"]) for b in best))
-    for g in groups:
-        items = [
-            _best_item(b) for b in best if (b["collective"], b["axis"], b["dtype"], b["op"]) == g
-        ]
-        op = "" if g[3] == "none" else f" {g[3]}"
-        pr.line(f"#   {g[0]} {g[1]} {g[2]}{op}: {' '.join(items)}", always=True)
-
-
-def _best_item(b: dict) -> str:
-    txt = f"{fmt_size(b['size_bytes'])}:{b['best_algorithm'] or '-'}"
-    if b["auto_choice"] and b["auto_choice"] != b["best_algorithm"]:
-        txt += f"[{b['auto_choice']}]"
-    if b["fastest"] and b["fastest"] in ("mpi", "torch"):
-        txt += "*"
-    return txt
-
-
-def _print_auto_check(pr: Printer, ac: dict) -> None:
-    w = ac["worst"]
-    where = (
-        f"{w['collective']} {w['axis']} {w['dtype']} {fmt_size(w['size_bytes'])} "
-        f"{'in-place' if w['in_place'] else 'out-of-place'}: auto ran "
-        f"{w['auto_choice']}, fastest {w['best_algorithm']}"
-    )
-    pr.line(
-        f"# auto within {round((ac['margin'] - 1) * 100)}% of the fastest single algorithm: "
-        f"{ac['within_by_time']}/{ac['cells']} cells by time, {ac['within_by_median']}/"
-        f"{ac['cells']} by per-iteration median; worst {ac['worst']['ratio']:.2f}x "
-        f"({where})",
-        always=True,
-    )
-    if ac["same_algorithm_cells"]:
-        pr.line(
-            f"# run noise: auto's cell vs the cell of the algorithm it ran (same code, "
-            f"{ac['same_algorithm_cells']} cells): median difference "
-            f"{ac['same_algorithm_diff_median'] * 100:.0f}%, largest "
-            f"{ac['same_algorithm_diff_max'] * 100:.0f}%",
-            always=True,
-        )
-        pr.line(
-            f"# auto's choice: the algorithm it ran, in its own cell, within "
-            f"{round((ac['margin'] - 1) * 100)}% of the fastest in {ac['choice_within']}/"
-            f"{ac['same_algorithm_cells']} cells",
-            always=True,
-        )
-    if ac.get("groups_split_cells"):
-        pr.line(
-            f"# auto's groups split: in {ac['groups_split_cells']} cells the groups of the "
-            f"axis settled on different algorithms (auto(a|b) above; docs/algorithms.md)",
-            always=True,
-        )

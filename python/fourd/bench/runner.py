@@ -8,7 +8,9 @@ Cross-rank invariants (why this cannot hang):
     of a row failed anywhere, together with the iteration estimate);
   * a rank whose first call fails makes no further call in that row; the world then agrees to
     skip it, so no rank is left waiting in a later call;
-  * only rank 0 prints or writes files, and it never communicates while doing so.
+  * only rank 0 prints or writes files, and it never communicates while doing so;
+  * a signal (stop.py) is acted on only through that same Allreduce, so every rank stops
+    after the same cell.
 
 Timing: a world Allreduce (which doubles as the barrier, the failure agreement and the
 iteration count), then each timed iteration is measured on every rank with time.perf_counter();
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -35,6 +36,9 @@ from fourd._tensor import ITEMSIZE
 from . import bounds, check
 from .collectives import TABLE, Collective
 from .libraries import Buffers
+from .printer import algorithm_width
+from .report import fmt_size
+from .stop import Stopped, signal_name
 
 TARGET_S = 0.05  # adaptive iterations: about this much timed work per row ...
 SWEEP_BUDGET_S = 20.0  # ... or less, so that the timed work of a whole sweep stays near this
@@ -49,8 +53,10 @@ TUNING_MAX_CALLS = 3840  # auto: untimed calls until its tuning has settled, at 
 MIN_ITERS = 3
 MAX_ITERS = 1000  # a 20 us cell timed over only 20 calls (0.4 ms) moved 1.5x with one 250 us
 #                   scheduling stall of a rank (4 ranks on 2 cores)
+CELL_OVERHEAD_S = 0.003  # the estimate's cost of a cell beyond its calls (Runner._estimate)
 # fourd errors raised by argument validation, before any communication: the same at every size.
 _STATIC_ERRORS = ("InvalidArgumentError", "DTypeError")
+_SETTLED = ("settled", "single", "off")  # tuning states in which auto runs one algorithm
 
 
 def cell_count(collective: str, size: int, dtype: str, p: int) -> int:
@@ -86,51 +92,27 @@ class SizeRow:
     cands: dict  # algorithm -> explain's candidate (out of place)
     runnable: dict  # algorithm -> every group of the axis accepts it
     group: list = field(default_factory=list)  # (impl, {in_place: row dict or reason})
-
-
-class Progress:
-    """A one-line progress bar on rank 0's stderr, shown once a sweep has taken 2 s."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = max(total, 1), enabled
-        self.done = 0
-        self.t0 = time.perf_counter()
-        self.shown = False
-
-    def step(self, label: str, n: int = 1):
-        self.done += n
-        if not self.enabled or time.perf_counter() - self.t0 < 2.0:
-            return
-        frac = min(1.0, self.done / self.total)
-        bar = "#" * int(frac * 30)
-        el = time.perf_counter() - self.t0
-        eta = el / frac - el if frac > 0 else 0.0
-        sys.stderr.write(
-            f"\r\033[K[{bar:<30}] {frac * 100:3.0f}%  {el:5.0f} s, ~{eta:4.0f} s left  {label}"
-        )
-        sys.stderr.flush()
-        self.shown = True
-
-    def clear(self):
-        if self.shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-            self.shown = False
+    finished: int = 0  # entries of `group` already recorded and printed
 
 
 class Runner:
-    """The sweep over the planned cells (cli.py sets it up); collective over the world."""
+    """The sweep over the planned cells of a session (session.py); collective over the world.
+    `stop`: the StopRequest whose signal the cells' agreement carries (stop.py)."""
 
-    def __init__(
-        self, cfg, world, grid, impls, baselines, axis_info, intra_bps, link_bps, printer, progress
-    ):
-        self.cfg, self.world, self.grid = cfg, world, grid
-        self.fourd_impls = impls  # FourdImpl per algorithm, "auto" first
-        self.baselines = baselines  # MpiImpl / TorchImpl
-        self.axis_info = axis_info  # mask -> dict(topology, nodes, k, bound nodes/k, model)
-        self.intra_bps, self.link_bps = intra_bps, link_bps
-        self.printer = printer
-        self.progress = progress
+    def __init__(self, s, stop=None):
+        cfg = s.cfg
+        self.cfg, self.world, self.grid = cfg, s.world, s.grid
+        self.fourd_impls = s.impls  # FourdImpl per algorithm, "auto" first
+        self.baselines = s.baselines  # MpiImpl / TorchImpl
+        self.axis_info = s.axis_info  # mask -> dict(topology, nodes, k, bound nodes/k, model)
+        self.intra_bps, self.link_bps = s.intra_bps, s.link_bps
+        self.latency_s = s.latency_s
+        self.printer = s.printer
+        self.progress = s.progress
+        self.stop = stop
+        self.stopped = 0  # the signal every rank agreed to stop on (0: none)
+        self.on_row = None  # called after each measured size is recorded (rank 0: the files)
+        self.wall_s: dict = {}  # implementation label -> seconds its cells took
         self.rows: list = []
         self.skipped: list = []
         self._notes_seen: set = set()
@@ -139,9 +121,15 @@ class Runner:
         self._first_cell = True
         self._last_impl = None  # (library, algorithm) of the cell measured last
         self.wrong_total = 0
+        self._cell_est: dict = {}  # (collective, mask, size, library, algorithm) -> seconds
         self.cells = self.total_cells()
         self.target_s = (
             cfg.target_time if cfg.target_time is not None else target_seconds(self.cells)
+        )
+        self.estimate_s = self._estimate()
+        self.printer.alg_width = algorithm_width(
+            [i.label for i in (*self.fourd_impls, *self.baselines)],
+            [i.algorithm for i in self.fourd_impls],
         )
         Buffers.reserve(max(cfg.sizes))  # every row's arrays come from these (libraries.py)
 
@@ -180,11 +168,15 @@ class Runner:
         then one world Allreduce both agrees on failure (every rank skips the cell when any rank
         failed) and serves as the barrier before the timed batch, with the iteration estimate.
         fourd validates arguments identically on every rank of a group before communicating,
-        so the ranks of one group fail or succeed together."""
+        so the ranks of one group fail or succeed together. The same Allreduce carries a
+        signal any rank received (stop.py): then every rank raises Stopped here."""
         call, local_err, est, wrong = self._prepare(impl, axis, bufs, in_place, op, p)
         self._first_cell = False
-        flags = np.array([1.0 if local_err else 0.0, est])
+        signum = self.stop.signum if self.stop is not None else 0
+        flags = np.array([1.0 if local_err else 0.0, est, float(signum)])
         self.world.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
+        if flags[2] > 0:
+            raise Stopped(int(flags[2]))
         if flags[0] > 0:
             reasons = self.world.allgather(local_err)
             return None, next((r for r in reasons if r), "failed on another rank")
@@ -252,17 +244,28 @@ class Runner:
         )
         if ex["forced_by_env"] or ex["set_by_plan"]:
             return est
+        # An explicit -w bounds this wait too: the user asked for that many untimed calls.
+        limit = self.cfg.warmup if self.cfg.warmup_requested else TUNING_MAX_CALLS
+        state = None
         # The tuning's state alone on each call (Grid.tuning): Grid.explain prices every
         # candidate, too slow to ask between calls.
-        for _ in range(TUNING_MAX_CALLS):
+        for i in range(limit + 1):
             state = self.grid.tuning(bufs.collective, nbytes, axis.name, bufs.dtype, in_place)[
                 "state"
             ]
-            if state in ("settled", "single", "off"):
+            if state in _SETTLED or i == limit:
                 break
             t0 = time.perf_counter()
             call()
             est = time.perf_counter() - t0
+        if state not in _SETTLED and self.cfg.warmup_requested:
+            self.note(
+                ("unsettled",),
+                f"auto was timed before its tuning settled in some cells: -w {self.cfg.warmup} "
+                "also bounds auto's untimed calls (leave -w out to let it settle, up to "
+                f"{TUNING_MAX_CALLS}); those cells include calls of its other candidates, and "
+                "their auto_tuning.state says so",
+            )
         return est
 
     def _settle(self, impl, call, slowest: float) -> None:
@@ -322,12 +325,90 @@ class Runner:
         size, every baseline, both placements); the same on every rank (one Allreduce)."""
         cfg = self.cfg
         n = 0
+        self._plan = {}  # (collective, mask) -> the implementations planned
         for c in cfg.collectives:
             ops = [o for o in cfg.ops] if TABLE[c].reduces else ["none"]
             for axis in cfg.axes:
-                nf = sum(self._planned(impl, c, axis) for impl in self.fourd_impls)
-                n += len(cfg.dtypes) * len(ops) * len(cfg.sizes) * (nf + len(self.baselines)) * 2
+                nf = [impl for impl in self.fourd_impls if self._planned(impl, c, axis)]
+                self._plan[(c, axis.mask)] = nf + list(self.baselines)
+                n += (
+                    len(cfg.dtypes)
+                    * len(ops)
+                    * len(cfg.sizes)
+                    * (len(nf) + len(self.baselines))
+                    * 2
+                )
         return int(self.world.allreduce(n, op=MPI.MAX))
+
+    # ---- the estimate ------------------------------------------------------------------------
+    def _estimate(self) -> float:
+        """Seconds the sweep should take (the header's estimate), and each planned cell's share
+        in self._cell_est (the progress bar's time left); the same on every rank (one
+        Allreduce).
+
+        A cell, per round: its calls (checked, warm-up, timed) at the time one call should take,
+        plus CELL_OVERHEAD_S (the agreement, the gathering of the times, the row's
+        bookkeeping); auto's cells add the calls its tuning explores (Grid.tuning's
+        explore_calls, bounded as -w bounds them). One call's time is fourd's cost model's
+        (Grid.explain): the algorithm's prediction, auto's choice's for auto and the baselines,
+        and for torch no less than the small all_reduce of gloo timed at its start, far above
+        the model's on a machine with more ranks than cores."""
+        cfg, total, first = self.cfg, 0.0, True
+        for c in cfg.collectives:
+            coll = TABLE[c]
+            variants = len(cfg.dtypes) * (len(cfg.ops) if coll.reduces else 1)
+            op = cfg.ops[0] if coll.reduces else None
+            for axis in cfg.axes:
+                for size in cfg.sizes:
+                    times, settle = self._call_seconds(c, size, axis)
+                    for impl in self._plan[(c, axis.mask)]:
+                        t = times.get(impl.algorithm, times["auto"])
+                        if impl.library == "torch":
+                            t = max(t, getattr(impl, "latency_s", 0.0))
+                        e = self._cell_seconds(t, first) + (
+                            settle * t / 2 if impl.algorithm == "auto" else 0.0
+                        )
+                        first = False
+                        self._cell_est[(c, axis.mask, size, impl.library, impl.algorithm)] = e
+                        both = sum(
+                            impl.unsupported(c, cfg.dtypes[0], op, ip) is None
+                            for ip in (False, True)
+                        )
+                        total += e * both * variants
+        return float(self.world.allreduce(total, op=MPI.MAX))
+
+    def _call_seconds(self, collective: str, size: int, axis) -> tuple[dict, int]:
+        """({algorithm: predicted seconds of one call, "auto": its choice's}, the calls auto's
+        tuning explores at this size), from Grid.explain and Grid.tuning."""
+        fallback = max(self.latency_s or 1e-6, size / max(self.intra_bps, 1.0))
+        try:
+            ex = self.grid.explain(collective, size, axis.name)
+            tuning = ex.get("tuning") or {}
+        except Exception:  # noqa: BLE001 - a collective explain does not cover
+            return {"auto": fallback}, 0
+        times = {
+            x["algorithm"]: float(x["predicted_s"])
+            for x in ex.get("candidates", [])
+            if x.get("predicted_s") is not None and math.isfinite(float(x["predicted_s"]))
+        }
+        times["auto"] = times.get(ex.get("choice") or "", fallback)
+        settle = int(tuning.get("explore_calls") or 0)
+        if self.cfg.warmup_requested:
+            settle = min(settle, self.cfg.warmup)
+        return times, settle
+
+    def _cell_seconds(self, t: float, first: bool) -> float:
+        """One cell's seconds (both rounds of its calls) at `t` seconds per call."""
+        cfg = self.cfg
+        iters = cfg.iters or int(
+            min(MAX_ITERS, max(MIN_ITERS, math.ceil(self.target_s / max(t, 1e-9))))
+        )
+        untimed = max(cfg.check, 1) + (cfg.warmup if cfg.check > 0 else max(0, cfg.warmup - 1))
+        if t >= LONG_CALL_S:
+            untimed += max(0, LONG_CALL_WARMUP - cfg.warmup)
+        if first:
+            untimed += FIRST_CELL_WARMUP
+        return cfg.rounds * ((iters + untimed) * t + CELL_OVERHEAD_S)
 
     def _planned(self, impl, collective: str, axis) -> int:
         """1 when fourd's `impl` is planned for the collective on `axis`, else 0."""
@@ -344,29 +425,27 @@ class Runner:
 
     # ---- the sweep ---------------------------------------------------------------------------
     def run(self):
-        """The sweep. Without a torch baseline every row is printed as soon as it is measured.
-        With one, the torch.distributed (gloo) cells of every row run in a second pass, after
-        all the others: right after gloo's large collectives the next cells (the next row's
-        auto cell first) ran 1.15-1.8x slower than the same algorithm a moment later, for more
-        than a second and whatever the pause (4 ranks on 2 cores; the machine was idle in
-        between, so no thread was left busy). The tables are then printed at the end."""
+        """The sweep. Each size's lines are printed, and on_row called, as soon as its cells
+        are measured. The torch.distributed (gloo) cells of every row run in a second pass,
+        after all the others, in tables of their own: right after gloo's large collectives the
+        next cells (the next row's auto cell first) ran 1.15-1.8x slower than the same
+        algorithm a moment later, for more than a second and whatever the pause (4 ranks on 2
+        cores; the machine was idle in between, so no thread was left busy). A signal agreed
+        on (stop.py) ends the sweep after the cell in flight: self.stopped."""
         torch_b = [b for b in self.baselines if b.library == "torch"]
         first = list(self.fourd_impls) + [b for b in self.baselines if b.library != "torch"]
         pending = []  # rows waiting for their torch cells (second pass)
         for coll in self.cfg.collectives:
             for axis in self.cfg.axes:
-                pending += self._sweep_table(TABLE[coll], axis, first, print_now=not torch_b)
+                pending += self._sweep_table(TABLE[coll], axis, first, later=bool(torch_b))
+                if self.stopped:
+                    return
         if torch_b:
             self._torch_pass(pending, torch_b)
 
-    def _sweep_table(self, coll: Collective, axis, impls, print_now: bool) -> list:
-        """The rows of one (collective, axis) table for `impls`: printed as they come
-        (print_now), or returned for the second pass."""
+    def _variants(self, coll: Collective, axis):
+        """The (dtype, op) of a table's rows; avg on an integer type is noted and skipped."""
         cfg = self.cfg
-        info = self.axis_info[axis.mask]
-        if print_now:
-            self.printer.table_header(coll.name, axis, info)
-        pending = []
         for dtype in cfg.dtypes:
             for op in cfg.ops if coll.reduces else ["none"]:
                 if op == "avg" and dtype not in _C.FLOATING_DTYPES:
@@ -378,29 +457,59 @@ class Runner:
                         "", len(cfg.sizes) * 2 * (len(self.fourd_impls) + len(self.baselines))
                     )
                     continue
-                for size in cfg.sizes:
-                    row = self._run_size(coll, axis, info, dtype, op, size, impls)
-                    if row is not None and print_now:
-                        self._finish_size(row)
-                    elif row is not None:
+                yield dtype, op
+
+    def _sweep_table(self, coll: Collective, axis, impls, later: bool) -> list:
+        """The rows of one (collective, axis) table for `impls`, printed as they come; returns
+        them for the torch pass (`later`)."""
+        info = self.axis_info[axis.mask]
+        ratio_libs = [b.library for b in impls if b.library != "fourd"]
+        self.printer.table_header(coll.name, axis, info, [f"vs {lib}" for lib in ratio_libs])
+        pending = []
+        for dtype, op in self._variants(coll, axis):
+            for size in self.cfg.sizes:
+                row = self._run_size(coll, axis, info, dtype, op, size, impls)
+                if row is not None:
+                    self._finish_size(row, ratio_libs)
+                    if later:
                         pending.append(row)
-        if print_now:
-            self.printer.table_footer(coll.name, axis, self.rows)
+                if self.stopped:
+                    break
+            if self.stopped:
+                break
+        self.printer.table_footer(coll.name, axis, self.rows)
         return pending
 
     def _torch_pass(self, pending: list, torch_b: list) -> None:
-        """The torch.distributed cells of every row, then every table printed."""
+        """The torch.distributed cells of every row, each table's lines printed as they come,
+        with auto's cell of the same size and placement to compare."""
+        libs = [b.library for b in torch_b]
         for _, table in itertools.groupby(pending, key=lambda r: (r.coll.name, r.axis.mask)):
             table = list(table)
             coll, axis = table[0].coll, table[0].axis
-            self.printer.table_header(coll.name, axis, table[0].info)
+            self.printer.table_header(
+                coll.name,
+                axis,
+                table[0].info,
+                ["auto vs"],
+                title=f"# {coll.name} on {axis.name}: torch.distributed (gloo), measured after "
+                "every other cell; auto vs = t_torch / t_auto at the same size and placement "
+                "(> 1: fourd's auto faster)",
+            )
             for row in table:
                 bufs = Buffers(coll.name, row.dtype, row.count, axis.group_size)
                 if self.cfg.check == 0:
                     bufs.zero()
                 self._measure_impls(row, torch_b, bufs)
-                self._finish_size(row)
-            self.printer.table_footer(coll.name, axis, self.rows)
+                auto = next(
+                    (c for i, c in row.group if i.library == "fourd" and i.algorithm == "auto"), {}
+                )
+                self._finish_size(row, [], versus=auto)
+                if self.stopped:
+                    break
+            self.printer.table_footer(coll.name, axis, self.rows, libraries=libs)
+            if self.stopped:
+                return
 
     def _run_size(self, coll: Collective, axis, info, dtype, op, size, impls):
         """Measures the cells of `impls` for one row; returns the row (None when the size is
@@ -525,7 +634,8 @@ class Runner:
         return True
 
     def _rounds(self, row: SizeRow, todo: list, bufs) -> dict:
-        """id(impl) -> {in_place: [stats of every round] or the reason the cell is n/a}."""
+        """id(impl) -> {in_place: [stats of every round] or the reason the cell is n/a}; on a
+        stop (stop.py), what was measured until then (a cell then has the rounds it got)."""
         rounds = self.cfg.rounds
         measured = {id(impl): {} for impl in todo}
         for r in range(rounds):
@@ -535,16 +645,40 @@ class Runner:
                 for in_place in (False, True):
                     if r > 0 and not isinstance(cells.get(in_place), list):
                         continue  # n/a in the first round: n/a in all
-                    got = self._measure_cell(row, impl, bufs, in_place)
+                    try:
+                        got = self._measure_cell(row, impl, bufs, in_place)
+                    except Stopped as e:
+                        self._stopping(e.signum)
+                        return measured
                     if isinstance(got, dict):
                         cells.setdefault(in_place, []).append(got)
                     else:
                         cells[in_place] = got
                     if r == rounds - 1:
                         self.progress.step(
-                            f"{row.coll.name} {row.axis.name} {row.size} B {impl.label}"
+                            f"{row.coll.name} {row.axis.name} {fmt_size(row.size)} {impl.label}",
+                            est_s=self._cell_est.get(
+                                (
+                                    row.coll.name,
+                                    row.axis.mask,
+                                    row.size,
+                                    impl.library,
+                                    impl.algorithm,
+                                ),
+                                0.0,
+                            ),
                         )
         return measured
+
+    def _stopping(self, signum: int) -> None:
+        """Every rank agreed on a signal: the sweep ends after this row (rank 0 says so)."""
+        self.stopped = signum
+        again = " (Ctrl-C again aborts at once)" if signal_name(signum) == "SIGINT" else ""
+        self.printer.line(
+            f"# {signal_name(signum)}: every rank stops after the cell in flight; the cells "
+            f"measured so far are printed and written{again}",
+            always=True,
+        )
 
     def _ask_auto_again(self, row: SizeRow) -> None:
         """What auto ran: asked again now, since tuning in use may have settled on another
@@ -587,7 +721,11 @@ class Runner:
         why = self._failed.get(key)
         if why is not None:
             return why
-        stats, reason = self.measure(impl, axis, bufs, in_place, row.real_op, axis.group_size)
+        t0 = time.perf_counter()
+        try:
+            stats, reason = self.measure(impl, axis, bufs, in_place, row.real_op, axis.group_size)
+        finally:
+            self.wall_s[impl.label] = self.wall_s.get(impl.label, 0.0) + time.perf_counter() - t0
         if stats is not None:
             return stats
         # Static for the baselines (a dtype or op they lack), per size for fourd.
@@ -602,35 +740,29 @@ class Runner:
         return reason
 
     # ---- the row's results -------------------------------------------------------------------
-    def _finish_size(self, row: SizeRow):
-        """Ratios, rows and the printed lines of one measured row."""
-        group = row.group
-        # Ratios: baseline time / fourd time, same placement (>1: fourd is faster).
+    def _finish_size(self, row: SizeRow, ratio_libs: list, versus: dict | None = None):
+        """Ratios, rows and printed lines of the cells of `row` measured since its last
+        finish (the first pass's, then the torch pass's); then on_row."""
+        group, new = row.group, row.group[row.finished :]
+        row.finished = len(group)
+        # Ratios: baseline time / fourd time, same placement (>1: fourd is faster); a baseline
+        # measured in a later pass fills its ratio into the fourd rows already recorded.
         for impl, cells in group:
             if impl.library != "fourd":
                 continue
             for in_place, rec in cells.items():
                 if isinstance(rec, dict):
                     self._ratios(group, in_place, rec)
-        for _impl, cells in group:
+        for _impl, cells in new:
             for in_place in (False, True):
                 rec = cells.get(in_place)
                 if isinstance(rec, dict):
                     self.rows.append(rec)
                     if rec["wrong"]:
                         self.wrong_total += rec["wrong"]
-        self.printer.size_rows(
-            row.coll.name,
-            row.axis,
-            row.dtype,
-            row.opname,
-            row.size,
-            row.nbytes,
-            row.count,
-            row.bnd,
-            group,
-            [b.library for b in self.baselines],
-        )
+        self.printer.size_rows(row, new, ratio_libs, versus)
+        if self.on_row is not None:
+            self.on_row()
 
     def _ratios(self, group: list, in_place: bool, rec: dict) -> None:
         for b in self.baselines:

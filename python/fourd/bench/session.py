@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 
-from . import bounds
+from . import bounds, progress
 from .collectives import TABLE
-from .report import Printer
-from .runner import Progress
+from .printer import Printer
+from .progress import Progress
 
 PROG = "python -m fourd.bench"
 
@@ -39,6 +40,10 @@ class Session:
     intra_bps: float = 0.0  # Bi: the median over ranks of bw_all
     bw_all: list = field(default_factory=list)  # every rank's copy bandwidth
     link_bps: float | None = None  # Be
+    latency_s: float | None = None  # one-way latency of an 8-byte message (the plot's floor)
+    latency_pair: tuple = ()  # the two world ranks it was measured between
+    setup_s: float = 0.0  # seconds from the start to the end of the set-up
+    load_start: list | None = None  # the load average before the set-up (load_average)
     placement: list = field(default_factory=list)  # Grid.placement()
     axis_info: dict = field(default_factory=dict)  # axis mask -> topology and bound model
     topo_doc: dict = field(default_factory=dict)  # axis name -> the JSON "topology" entry
@@ -62,7 +67,7 @@ def start(cfg, world, hosts, argv, start_time, t_start) -> Session | int:
     import fourd
 
     rank = world.Get_rank()
-    progress = Progress(0, rank == 0 and not cfg.quiet and (cfg.progress or sys.stderr.isatty()))
+    progress = Progress(*progress_mode(cfg, rank))
     s = Session(
         cfg,
         world,
@@ -72,6 +77,7 @@ def start(cfg, world, hosts, argv, start_time, t_start) -> Session | int:
         t_start,
         progress,
         Printer(rank == 0, cfg.quiet, progress),
+        load_start=load_average(),
     )
     try:
         s.grid = fourd.init(**cfg.grid, order=cfg.order, ranks_per_node=cfg.ranks_per_node)
@@ -86,7 +92,24 @@ def start(cfg, world, hosts, argv, start_time, t_start) -> Session | int:
     for axis in cfg.axes:
         s.axis_info[axis.mask], s.topo_doc[axis.name] = _axis_topology(s, axis)
     _start_implementations(s)
+    s.setup_s = time.perf_counter() - t_start
     return s
+
+
+def load_average() -> list | None:
+    """The load average (1, 5, 15 minutes), where the system has one."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def progress_mode(cfg, rank: int) -> tuple:
+    """(mode, stream) of the progress (progress.choose); off where /proc cannot be read."""
+    try:
+        return progress.choose(cfg, rank)
+    except Exception:  # noqa: BLE001 - the progress is a convenience: never fail a run on it
+        return "off", None
 
 
 def _import_torch(s: Session) -> None:
@@ -110,12 +133,17 @@ def _import_torch(s: Session) -> None:
 
 
 def _measure_bandwidths(s: Session) -> None:
-    """Bi, every rank copying at once; Be from the command line."""
+    """Bi, every rank copying at once; Be from the command line; the latency of a small
+    message between rank 0 and its nearest rank (the plot's latency floor)."""
     s.world.Barrier()
     bw_local = bounds.memcpy_bandwidth()
     s.bw_all = s.world.allgather(bw_local)
     s.intra_bps = statistics.median(s.bw_all)
     s.link_bps = s.cfg.link_rate
+    same_host = [r for r in range(1, s.nranks) if s.hosts[r] == s.hosts[0]]
+    partner = same_host[0] if same_host else 1
+    s.latency_pair = (0, partner)
+    s.latency_s = s.world.bcast(bounds.pingpong_latency(s.world, 0, partner), root=0)
 
 
 def _bound_model(s: Session, axis, nodes: int, k: int, one_host: bool) -> tuple:
@@ -240,6 +268,7 @@ def _start_torch(s: Session) -> None:
         "version": t.version,
         "backend": "gloo",
         "store": t.master,
+        "latency_s": t.latency_s,
         "how": f"torch.distributed {' / '.join(c.torch_name for c in TABLE.values())} on "
         "new_group of the same ranks (gloo)",
     }
