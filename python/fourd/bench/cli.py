@@ -192,11 +192,12 @@ def _write_files(s, runner, out, summary: dict, duration: float, rc: int) -> int
     could not be written."""
     cfg, pr, g = s.cfg, s.printer, s.cfg.grid
     state = "interrupted" if runner.stopped else "complete"
+    if out is not None and out.error is not None:  # reported when it happened
+        rc, out = rc or 3, None
     try:
         if out is not None:
-            if out.error is not None:
-                raise OSError(out.error)
-            doc = header.document(s, runner, summary, duration, rc == 0, state)
+            ok = summary["wrong_total"] == 0
+            doc = header.document(s, runner, summary, duration, ok, state)
             out.update(runner.rows, state, doc)
             for path in (cfg.json, cfg.csv):
                 if path:
