@@ -1021,3 +1021,19 @@ def test_an_interrupted_run_keeps_every_row(tmp_path, sig, target):
     }, (sorted(printed), len(rows))
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     assert doc["summary"]["rows"] == len(rows)
+
+
+def test_the_estimate_prices_autos_exploration():
+    """Tuning in use explores before auto is timed: 640 calls for 4 candidates below 256 KiB,
+    112 at 1 MiB, 72 at 4-16 MiB (docs/algorithms.md, as explain()["tuning"] reports after the
+    first call); nothing with a single candidate."""
+    from fourd.bench.runner import explore_seconds
+
+    four = {a: 1e-5 for a in ("flat", "ring", "rhd", "shm")} | {"auto": 1e-5}
+    assert explore_seconds(1024, four, "ring") == pytest.approx(640e-5)
+    assert explore_seconds(1 << 20, four, "ring") == pytest.approx(112e-5)
+    assert explore_seconds(16 << 20, four, "ring") == pytest.approx(72e-5)
+    # Above 256 KiB only the candidates within 2x of the choice explore.
+    slow = dict(four, shm=1e-3)
+    assert explore_seconds(1 << 20, slow, "ring") == pytest.approx(84e-5)
+    assert explore_seconds(1 << 20, {"ring": 1e-5, "auto": 1e-5}, "ring") == 0.0

@@ -297,7 +297,8 @@ def _add_grid(p) -> None:
         default=None,
         metavar="SPEC",
         help="grid sizes such as x=2,y=2,z=1,data=1 (missing axes are 1, data "
-        "defaults to the remaining ranks). Default on one host: x=2,data=N/2 "
+        "defaults to the remaining ranks; the nodes stay the default grid's, the virtual "
+        "ones on one host, unless --ranks-per-node). Default on one host: x=2,data=N/2 "
         "with --ranks-per-node 2 (virtual nodes); on several hosts: x = ranks "
         "per host, data = hosts",
     )

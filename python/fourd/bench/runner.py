@@ -95,6 +95,32 @@ class SizeRow:
     finished: int = 0  # entries of `group` already recorded and printed
 
 
+def explore_seconds(nbytes: int, times: dict, choice) -> float:
+    """The seconds auto's tuning in use spends exploring one (collective, size, dtype): per
+    candidate of its shortlist, two passes of untimed and timed calls, at the candidate's
+    predicted time. The shortlist and the counts are docs/algorithms.md's ("Tuning in use",
+    steps 1 and 2; cpp/src/internal/tuner.hpp): below 256 KiB every supported algorithm, 16
+    untimed and 64 timed calls; above, the algorithms predicted within 2x of the choice, four
+    at most, 2 untimed calls below 4 MiB (as many as carry 96 MiB, 2 to 6, from 4 MiB) and
+    timed calls carrying 12 MiB (3 to 12). Grid.tuning reports these only once a size has
+    been called ("explore_calls"), so the estimate states them here; a native figure before
+    the first call would replace this copy."""
+    algs = {a: t for a, t in times.items() if a != "auto"}
+    best = algs.get(choice or "")
+    if best is None or len(algs) < 2:
+        return 0.0  # one candidate: nothing is explored ("single")
+    mib = 1 << 20
+    if nbytes < 256 * 1024:
+        shortlist, untimed, timed = list(algs.values()), 16, 64
+    else:
+        shortlist = sorted(t for t in algs.values() if t <= 2.0 * best)[:4]
+        untimed = 2 if nbytes < 4 * mib else min(6, max(2, 96 * mib // nbytes))
+        timed = min(12, max(3, 12 * mib // max(nbytes, 1)))
+    if len(shortlist) < 2:
+        return 0.0
+    return 2 * (untimed + timed) * sum(shortlist)
+
+
 class Runner:
     """The sweep over the planned cells of a session (session.py); collective over the world.
     `stop`: the StopRequest whose signal the cells' agreement carries (stop.py)."""
@@ -348,11 +374,12 @@ class Runner:
 
         A cell, per round: its calls (checked, warm-up, timed) at the time one call should take,
         plus CELL_OVERHEAD_S (the agreement, the gathering of the times, the row's
-        bookkeeping); auto's cells add the calls its tuning explores (Grid.tuning's
-        explore_calls, bounded as -w bounds them). One call's time is fourd's cost model's
-        (Grid.explain): the algorithm's prediction, auto's choice's for auto and the baselines,
-        and for torch no less than the small all_reduce of gloo timed at its start, far above
-        the model's on a machine with more ranks than cores."""
+        bookkeeping); auto adds, once per (size, dtype, op), the calls its tuning explores
+        (explore_seconds; its re-checks after a switch are not counted). One call's time is
+        fourd's cost model's (Grid.explain): the algorithm's prediction, auto's choice's for
+        auto and the baselines, and for torch no less than gloo's small all_reduce timed on
+        the measured groups at its start, far above the model's on a machine with more ranks
+        than cores."""
         cfg, total, first = self.cfg, 0.0, True
         for c in cfg.collectives:
             coll = TABLE[c]
@@ -360,42 +387,44 @@ class Runner:
             op = cfg.ops[0] if coll.reduces else None
             for axis in cfg.axes:
                 for size in cfg.sizes:
-                    times, settle = self._call_seconds(c, size, axis)
+                    times, explore_s = self._call_seconds(c, size, axis)
                     for impl in self._plan[(c, axis.mask)]:
                         t = times.get(impl.algorithm, times["auto"])
                         if impl.library == "torch":
                             t = max(t, getattr(impl, "latency_s", 0.0))
-                        e = self._cell_seconds(t, first) + (
-                            settle * t / 2 if impl.algorithm == "auto" else 0.0
-                        )
-                        first = False
-                        self._cell_est[(c, axis.mask, size, impl.library, impl.algorithm)] = e
                         both = sum(
                             impl.unsupported(c, cfg.dtypes[0], op, ip) is None
                             for ip in (False, True)
                         )
+                        extra = explore_s if impl.algorithm == "auto" else 0.0
+                        e = self._cell_seconds(t, first) + extra / max(both, 1)
+                        first = False
+                        self._cell_est[(c, axis.mask, size, impl.library, impl.algorithm)] = e
                         total += e * both * variants
         return float(self.world.allreduce(total, op=MPI.MAX))
 
-    def _call_seconds(self, collective: str, size: int, axis) -> tuple[dict, int]:
-        """({algorithm: predicted seconds of one call, "auto": its choice's}, the calls auto's
-        tuning explores at this size), from Grid.explain and Grid.tuning."""
+    def _call_seconds(self, collective: str, size: int, axis) -> tuple[dict, float]:
+        """({algorithm: predicted seconds of one call, "auto": its choice's}, the seconds
+        auto's tuning explores at this size), from Grid.explain."""
         fallback = max(self.latency_s or 1e-6, size / max(self.intra_bps, 1.0))
         try:
             ex = self.grid.explain(collective, size, axis.name)
-            tuning = ex.get("tuning") or {}
         except Exception:  # noqa: BLE001 - a collective explain does not cover
-            return {"auto": fallback}, 0
+            return {"auto": fallback}, 0.0
         times = {
             x["algorithm"]: float(x["predicted_s"])
             for x in ex.get("candidates", [])
-            if x.get("predicted_s") is not None and math.isfinite(float(x["predicted_s"]))
+            if x.get("supported", True)
+            and x.get("predicted_s") is not None
+            and math.isfinite(float(x["predicted_s"]))
         }
         times["auto"] = times.get(ex.get("choice") or "", fallback)
-        settle = int(tuning.get("explore_calls") or 0)
-        if self.cfg.warmup_requested:
-            settle = min(settle, self.cfg.warmup)
-        return times, settle
+        explore = 0.0
+        if TABLE[collective].takes_algorithm and ex.get("source") in (None, "model"):
+            explore = explore_seconds(size, times, ex.get("choice"))
+            if self.cfg.warmup_requested:  # -w N bounds the wait (_wait_for_tuning)
+                explore = min(explore, self.cfg.warmup * times["auto"])
+        return times, explore
 
     def _cell_seconds(self, t: float, first: bool) -> float:
         """One cell's seconds (both rounds of its calls) at `t` seconds per call."""
