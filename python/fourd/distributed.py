@@ -649,8 +649,9 @@ class ProcessGroup(dist.ProcessGroup):
             return w
         try:
             op.progress(-1.0)
-        except BaseException:
+        except BaseException as e:  # a deadline (poisoned in _expired) or Ctrl-C
             _QUARANTINE.append(op)
+            self._mpi_failure = self._mpi_failure or f"{what} was interrupted ({e!r})"
             raise
         if finish is not None:
             finish()
@@ -697,6 +698,10 @@ class ProcessGroup(dist.ProcessGroup):
             self._mpi_failure = str(e)
             raise
 
+    def _route(self, t: torch.Tensor):
+        """The torch backend of a device map for `t` (None: fourd's own; CPU is fourd's)."""
+        return None if t.is_cpu else self._elsewhere(t)
+
     def _elsewhere(self, t: torch.Tensor):
         """The torch backend for `t`'s device when a device map names another backend for it
         ("cpu:fourd,cuda:nccl"), else None (fourd's own)."""
@@ -729,8 +734,8 @@ class ProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=_ARC):
         if not tensors:
             return self._work("all_reduce_coalesced", _Several([]), [])
-        if not tensors[0].is_cpu and self._elsewhere(tensors[0]):
-            return self._elsewhere(tensors[0]).allreduce_coalesced(tensors, opts)
+        if other := self._route(tensors[0]):
+            return other.allreduce_coalesced(tensors, opts)
         op = _op(opts.reduceOp)
         if len({t.dtype for t in tensors}) != 1:  # one flat buffer per call needs one dtype
             works = [self._all_reduce_one(t, op, True) for t in tensors]
@@ -771,8 +776,8 @@ class ProcessGroup(dist.ProcessGroup):
         return self._work(what, _Several(works), result)
 
     def all_gather_single(self, output, input, opts=_AG):
-        if not input.is_cpu and self._elsewhere(input):
-            return self._elsewhere(input)._allgather_base(output, input, opts)
+        if other := self._route(input):
+            return other._allgather_base(output, input, opts)
         try:
             return self._fourd(
                 "all_gather_into_tensor",
@@ -802,8 +807,8 @@ class ProcessGroup(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=_AG):
         outs = _one(output_tensors, "all_gather")
         t = _one(input_tensors, "all_gather")
-        if not t.is_cpu and self._elsewhere(t):
-            return self._elsewhere(t).allgather(output_tensors, input_tensors, opts)
+        if other := self._route(t):
+            return other.allgather(output_tensors, input_tensors, opts)
         n = self.size()
         if len(outs) != n:
             raise InvalidArgumentError(
@@ -838,8 +843,8 @@ class ProcessGroup(dist.ProcessGroup):
         return self._after(works, opts.asyncOp, "all_gather_coalesced", output_lists)
 
     def reduce_scatter_single(self, output, input, opts=_RS):
-        if not input.is_cpu and self._elsewhere(input):
-            return self._elsewhere(input)._reduce_scatter_base(output, input, opts)
+        if other := self._route(input):
+            return other._reduce_scatter_base(output, input, opts)
         op = _op(opts.reduceOp)
         try:
             return self._fourd(
@@ -872,8 +877,8 @@ class ProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=_RS):
         out = _one(output_tensors, "reduce_scatter")
         ins = _one(input_tensors, "reduce_scatter")
-        if not out.is_cpu and self._elsewhere(out):
-            return self._elsewhere(out).reduce_scatter(output_tensors, input_tensors, opts)
+        if other := self._route(out):
+            return other.reduce_scatter(output_tensors, input_tensors, opts)
         n, op = self.size(), _op(opts.reduceOp)
         if len(ins) != n:
             raise InvalidArgumentError(
@@ -919,8 +924,8 @@ class ProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=_BC):
         t = _one(tensors, "broadcast")
-        if not t.is_cpu and self._elsewhere(t):
-            return self._elsewhere(t).broadcast(tensors, opts)
+        if other := self._route(t):
+            return other.broadcast(tensors, opts)
         if opts.rootTensor != 0:
             raise InvalidArgumentError(f"rootTensor: expected 0, found {opts.rootTensor}")
         try:
@@ -944,8 +949,8 @@ class ProcessGroup(dist.ProcessGroup):
         """An all-reduce whose result only the root keeps (the others' tensors are left
         unchanged): fourd's algorithms, every dtype and op of all_reduce."""
         t = _one(tensors, "reduce")
-        if not t.is_cpu and self._elsewhere(t):
-            return self._elsewhere(t).reduce(tensors, opts)
+        if other := self._route(t):
+            return other.reduce(tensors, opts)
         op, root = _op(opts.reduceOp), opts.rootRank
         if not 0 <= root < self.size():
             raise InvalidArgumentError(
@@ -983,6 +988,8 @@ class ProcessGroup(dist.ProcessGroup):
     @_translated
     def send(self, tensors, dstRank: int, tag: int):
         t = _one(tensors, "send")
+        if other := self._route(t):
+            return other.send(tensors, dstRank, tag)
         self._check_peer(dstRank, tag, "dst")
         buf = _span(t, "tensor")
         return self._mpi_call(
@@ -992,6 +999,8 @@ class ProcessGroup(dist.ProcessGroup):
     @_translated
     def recv(self, tensors, srcRank: int, tag: int):
         t = _one(tensors, "recv")
+        if other := self._route(t):
+            return other.recv(tensors, srcRank, tag)
         self._check_peer(srcRank, tag, "src")
         buf = _span(t, "tensor")
         return self._mpi_call(
@@ -1001,6 +1010,8 @@ class ProcessGroup(dist.ProcessGroup):
     @_translated
     def recv_anysource(self, tensors, tag: int):
         t = _one(tensors, "recv")
+        if other := self._route(t):
+            return other.recv_anysource(tensors, tag)
         self._check_peer(0, tag, "src")
         buf = _span(t, "tensor")
         return self._mpi_call(
@@ -1022,6 +1033,8 @@ class ProcessGroup(dist.ProcessGroup):
     @_translated
     def gather(self, output_tensors, input_tensors, opts=_GA):
         t, root = _one(input_tensors, "gather"), opts.rootRank
+        if other := self._route(t):
+            return other.gather(output_tensors, input_tensors, opts)
         outs = output_tensors[0] if output_tensors else []
         problem = _local_problem([t, *outs], "gather") or _blocks_problem(
             self, t, outs, root, "gather_list"
@@ -1045,6 +1058,8 @@ class ProcessGroup(dist.ProcessGroup):
     @_translated
     def scatter(self, output_tensors, input_tensors, opts=_SC):
         out, root = _one(output_tensors, "scatter"), opts.rootRank
+        if other := self._route(out):
+            return other.scatter(output_tensors, input_tensors, opts)
         ins = input_tensors[0] if input_tensors else []
         problem = _local_problem([out, *ins], "scatter") or _blocks_problem(
             self, out, ins, root, "scatter_list"
@@ -1073,6 +1088,8 @@ class ProcessGroup(dist.ProcessGroup):
 
     @_translated
     def alltoall(self, output_tensors, input_tensors, opts=_AA):
+        if input_tensors and (other := self._route(input_tensors[0])):
+            return other.alltoall(output_tensors, input_tensors, opts)
         n = self.size()
         if len(output_tensors) != n or len(input_tensors) != n:
             raise InvalidArgumentError(
@@ -1098,6 +1115,9 @@ class ProcessGroup(dist.ProcessGroup):
 
     @_translated
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=_AA):
+        if other := self._route(input):
+            splits = (output_split_sizes, input_split_sizes)
+            return other.alltoall_base(output, input, *splits, opts)
         n = self.size()
         send, bad_send = _split_bytes(input, input_split_sizes, n, "input")
         recv, bad_recv = _split_bytes(output, output_split_sizes, n, "output")

@@ -346,6 +346,10 @@ def test_uneven_all_gather_and_bytes_of_any_dtype(groups):
     objs = [None] * n
     dist.all_gather_object(objs, {"rank": me}, group=f)
     assert objs == [{"rank": j} for j in range(n)]
+    # reduce_scatter of blocks of different sizes: block j is j + 1 long.
+    out = torch.empty(me + 1, dtype=torch.int32)
+    dist.reduce_scatter(out, [values(me, j + 1, torch.int32) for j in range(n)], group=f)
+    assert_same(out, sum(values(r, me + 1, torch.int32) for r in range(n)))
 
 
 def test_coalesced_calls(groups):
@@ -361,6 +365,12 @@ def test_coalesced_calls(groups):
             got = ts
         else:
             assert_same(got, ts)
+    mixed = [values(ME, 3, torch.float64), values(ME, 2, torch.int32)]
+    with dist._coalescing_manager(group=f, async_ops=False):
+        for t in mixed:
+            dist.all_reduce(t, group=f)
+    assert_same(mixed[0], sum(values(r, 3, torch.float64) for r in range(n)))
+    assert_same(mixed[1], sum(values(r, 2, torch.int32) for r in range(n)))
     outs = [torch.empty(n * 2) for _ in range(2)]
     with dist._coalescing_manager(group=f, async_ops=False):
         for k, o in enumerate(outs):
@@ -429,6 +439,22 @@ def test_pipeline_send_recv(groups):
             assert (x == src).all()
     else:
         dist.send(torch.full((2,), float(ME)), 0, group=f)
+    # Work.wait(timeout) on a receive whose send comes later: raises, the receive goes on.
+    if ME == 0:
+        x = torch.empty(3)
+        w = dist.irecv(x, 1, group=f, tag=7)
+        expect(
+            dist.DistBackendError,
+            ["did not complete within"],
+            w.wait,
+            datetime.timedelta(milliseconds=50),
+        )
+        assert not w.is_completed()
+    MPI.COMM_WORLD.Barrier()
+    if ME == 1:
+        dist.send(torch.arange(3.0), 0, group=f, tag=7)
+    if ME == 0:
+        assert w.wait() and torch.equal(x, torch.arange(3.0))
 
 
 # ---- training code -----------------------------------------------------------------------------
