@@ -714,10 +714,12 @@ class ProcessGroup(dist.ProcessGroup):
     # ---- fourd's collectives -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=_AR):
-        t = _one(tensors, "all_reduce")
+        # The hot path of small messages: kept to plain lookups.
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "all_reduce")
         if not t.is_cpu and self._elsewhere(t):
             return self._elsewhere(t).allreduce(tensors, opts)
-        op = _op(opts.reduceOp)
+        reduce_op = opts.reduceOp
+        op = _OPS.get(reduce_op.op) or _op(reduce_op)
         buf = t.detach() if t.requires_grad else t
         try:
             if not opts.asyncOp:
@@ -1373,32 +1375,47 @@ def _listening_store(addr: str, size: int, timeout):
     return store, port
 
 
-def _store_over_mpi(comm, timeout: datetime.timedelta):
+def _store_over_mpi(comm, timeout: datetime.timedelta, problem: str | None):
     """torch's store for the processes of `comm`: rank 0 opens a TCPStore on a free port and
-    announces it over MPI (non-blocking calls, polled against the deadline)."""
+    announces it over MPI (non-blocking calls, polled against the deadline). `problem`: what
+    is wrong with this rank's arguments; every rank raises if any rank has one."""
     deadline = time.monotonic() + timeout.total_seconds()
     rank, size = comm.Get_rank(), comm.Get_size()
-    name = socket.gethostname().encode()[:_HOST_BYTES]
-    mine = np.zeros(_HOST_BYTES, np.uint8)
+    name = socket.gethostname().encode()[: _HOST_BYTES - 1]
+    mine = np.zeros(_HOST_BYTES, np.uint8)  # the host name, then a flag: arguments invalid
     mine[: len(name)] = np.frombuffer(name, np.uint8)
+    mine[-1] = problem is not None
     hosts = np.empty((size, _HOST_BYTES), np.uint8) if rank == 0 else None
     _mpi_wait([comm.Igather(mine, hosts, 0)], deadline, "rendezvous: the hosts", hosts)
     reply, store = np.zeros(_REPLY_BYTES, np.uint8), None
     if rank == 0:
-        try:
-            addr = _store_address(hosts)
-            store, port = _listening_store(addr, size, timeout)
-            text = json.dumps({"addr": addr, "port": port})
-        except Exception as e:  # noqa: BLE001 - reported on every rank below
-            text = json.dumps({"error": repr(e)[: _REPLY_BYTES // 2]})
+        text = _open_store(hosts, size, timeout)
+        store = text.pop("store", None)
+        text = json.dumps(text)
         reply[: len(text)] = np.frombuffer(text.encode(), np.uint8)
     _mpi_wait([comm.Ibcast(reply, 0)], deadline, "rendezvous: rank 0's store", reply)
     info = json.loads(reply.tobytes().rstrip(b"\0"))
+    if problem is not None or "invalid" in info:
+        raise ValueError(problem or f"init_process_group: {info['invalid']}")
     if "error" in info:
         raise dist.DistStoreError(f"fourd: rank 0 could not open torch's TCPStore: {info['error']}")
     if rank != 0:
         store = dist.TCPStore(info["addr"], info["port"], size, False, timeout=timeout)
     return store
+
+
+def _open_store(hosts: np.ndarray, size: int, timeout) -> dict:
+    """Rank 0's part: {"store", "addr", "port"}, or {"invalid": ...} when some rank's arguments
+    are wrong, or {"error": ...} when the store cannot open."""
+    bad = np.flatnonzero(hosts[:, -1]).tolist()
+    if bad:
+        return {"invalid": f"rank(s) {bad} were given a rank or world size other than MPI's"}
+    try:
+        addr = _store_address(hosts[:, :-1])
+        store, port = _listening_store(addr, size, timeout)
+    except Exception as e:  # noqa: BLE001 - reported on every rank
+        return {"error": repr(e)[: _REPLY_BYTES // 2]}
+    return {"store": store, "addr": addr, "port": port}
 
 
 def _mpi_rendezvous(url: str, timeout=datetime.timedelta(minutes=30), **kwargs):
@@ -1408,14 +1425,15 @@ def _mpi_rendezvous(url: str, timeout=datetime.timedelta(minutes=30), **kwargs):
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(url).query))
+    problem = None
     for key, value in (("rank", rank), ("world_size", size)):
         given = int(query.get(key, -1))
-        if given not in (-1, value):
-            raise ValueError(
+        if given not in (-1, value) and problem is None:
+            problem = (
                 f"init_process_group: {key}={given}, but MPI makes this process's {key} "
                 f"{value}; a job started by mpiexec takes both from MPI (leave them out)"
             )
-    store = _store_over_mpi(comm, timeout)
+    store = _store_over_mpi(comm, timeout, problem)
     yield store, rank, size
     raise RuntimeError("fourd:// rendezvous: a process cannot rendezvous twice")
 

@@ -63,8 +63,20 @@ def test_plain_init_under_mpiexec(monkeypatch):
         assert dist.get_backend() == "fourd"
         assert isinstance(dist.group.WORLD, fdist.ProcessGroup)
         world_sum_check()
+        store = dist.distributed_c10d._get_default_store()
+        while hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        assert store.host == "127.0.0.1"  # every rank on this host: the store on loopback
     finally:
         dist.destroy_process_group()
+
+
+def test_a_rank_other_than_mpis_raises_on_every_rank(monkeypatch):
+    no_master_env(monkeypatch)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="rank"):
+        dist.init_process_group("fourd", rank=0, world_size=N)
+    assert not dist.is_initialized() and time.monotonic() - t0 < 20
 
 
 def test_fourd_url(monkeypatch):
