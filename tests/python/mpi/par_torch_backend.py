@@ -415,35 +415,45 @@ def test_work_api_and_futures(groups):
     assert (p.detach() == N).all() and p.requires_grad
 
 
+def forward_stages(group, micro):
+    """Activations down the pipeline (rank r -> r + 1) with isend/irecv: what each stage got."""
+    got = []
+    for m in range(micro):
+        if ME > 0:
+            prev = torch.empty(8)
+            dist.irecv(prev, ME - 1, group=group).wait()
+            got.append(prev)
+        if ME < N - 1:
+            dist.isend(values(ME, 8, offset=m) + 10 * ME, ME + 1, group=group).wait()
+    return got
+
+
+def backward_stages(group, micro):
+    """Gradients up the pipeline (rank r -> r - 1) with batch_isend_irecv: what each got."""
+    got = []
+    for m in range(micro):
+        ops, grad_in = [], torch.empty(8, dtype=torch.float64)
+        if ME < N - 1:
+            ops.append(dist.P2POp(dist.irecv, grad_in, ME + 1, group))
+            got.append(grad_in)
+        if ME > 0:
+            grad = values(ME, 8, torch.float64, offset=m)
+            ops.append(dist.P2POp(dist.isend, grad, ME - 1, group))
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+    return got
+
+
 def test_pipeline_send_recv(groups):
-    """Pipeline stages along the world: activations forward with isend/irecv, gradients
-    backward with batch_isend_irecv; recv from any source names the sender."""
+    """Pipeline stages along the world, forward and backward, as with gloo."""
     f, g, _ = groups["world"]
-    micro = 4
-    for group in (f, g):
-        got = []
-        for m in range(micro):
-            act = values(ME, 8, offset=m) + 10 * ME
-            if ME > 0:
-                prev = torch.empty(8)
-                dist.irecv(prev, ME - 1, group=group).wait()
-                got.append(prev)
-            if ME < N - 1:
-                dist.isend(act, ME + 1, group=group).wait()
-        for m in range(micro):
-            ops = []
-            grad_in = torch.empty(8, dtype=torch.float64)
-            if ME < N - 1:
-                ops.append(dist.P2POp(dist.irecv, grad_in, ME + 1, group))
-            if ME > 0:
-                grad = values(ME, 8, torch.float64, offset=m)
-                ops.append(dist.P2POp(dist.isend, grad, ME - 1, group))
-            for w in dist.batch_isend_irecv(ops) if ops else []:
-                w.wait()
-            if ME < N - 1:
-                assert_same(grad_in, values(ME + 1, 8, torch.float64, offset=m))
-        expected = [values(ME - 1, 8, offset=m) + 10 * (ME - 1) for m in range(micro)]
-        assert_same(got, expected if ME > 0 else [])
+    for stages in (forward_stages, backward_stages):
+        assert_same(stages(f, 4), stages(g, 4))
+    assert len(forward_stages(f, 1)) == (1 if ME > 0 else 0)
+
+
+def test_recv_from_any_source_names_the_sender(groups):
+    f = groups["world"][0]
     if ME == 0:
         for _ in range(N - 1):
             x = torch.empty(2)
@@ -451,16 +461,16 @@ def test_pipeline_send_recv(groups):
             assert (x == src).all()
     else:
         dist.send(torch.full((2,), float(ME)), 0, group=f)
-    # Work.wait(timeout) on a receive whose send comes later: raises, the receive goes on.
+
+
+def test_work_wait_with_a_timeout_then_again(groups):
+    """Work.wait(timeout) on a receive whose send comes later raises; the receive goes on."""
+    f = groups["world"][0]
     if ME == 0:
         x = torch.empty(3)
         w = dist.irecv(x, 1, group=f, tag=7)
-        expect(
-            dist.DistBackendError,
-            ["did not complete within"],
-            w.wait,
-            datetime.timedelta(milliseconds=50),
-        )
+        late = datetime.timedelta(milliseconds=50)
+        expect(dist.DistBackendError, ["did not complete within"], w.wait, late)
         assert not w.is_completed()
     MPI.COMM_WORLD.Barrier()
     if ME == 1:
