@@ -1,7 +1,8 @@
 """Megatron-Core's tensor-parallel mappings (autograd functions) over fourd collectives.
 
-Every function takes an optional ``group``: a :class:`fourd.parallel_state.Group`, an axis name
-("x", "y", "z", "data", "world") or a tuple of names. The default is the tensor-parallel group
+Every function takes an optional ``group``: a :class:`fourd.parallel_state.Group`, a torch
+process group of fourd's backend (it names its axis in ``fourd_axis``), an axis name ("x", "y",
+"z", "data", "world") or a tuple of names. The default is the tensor-parallel group
 (x*y*z) of :mod:`fourd.parallel_state`, or of the current fourd grid when parallel_state is not
 initialised. With a group of one rank every function returns its input unchanged (no copy, no
 communication). Chunk i of a split or gather belongs to group rank i.
@@ -35,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from .errors import InvalidArgumentError
-from .grid import axis_mask, mask_name
+from .grid import Subgroup, mask_name
 from .parallel_state import TP_AXES, Group, default_grid, mask_obj
 
 __all__ = [
@@ -52,31 +53,39 @@ __all__ = [
 
 
 class _Resolved:
-    """(grid, mask, size, rank) of a group argument."""
+    """(grid, axis, size, rank) of a group argument; axis is what fourd's collectives take."""
 
-    __slots__ = ("grid", "mask", "size", "rank")
+    __slots__ = ("grid", "axis", "size", "rank")
 
-    def __init__(self, grid, mask):
+    def __init__(self, grid, axis):
         self.grid = grid
-        self.mask = mask
-        self.size = grid.size(mask)
-        self.rank = grid.rank(mask)
+        self.axis = axis
+        self.size = grid.size(axis)
+        self.rank = grid.rank(axis)
+
+    @property
+    def name(self) -> str:
+        mask = getattr(self.axis, "mask", None)
+        return mask_name(mask) if isinstance(mask, int) else self.axis.name
 
 
 _cache: dict = {}
 
 
 def _resolve(group) -> _Resolved:
+    """A Group (its grid and axis), a torch group of fourd's backend (its ``fourd_axis``), or an
+    axis argument on the default grid (None: the tensor-parallel axes)."""
     if isinstance(group, Group):
-        grid, mask = group.grid, mask_obj(group.mask)
+        grid, axis = group.grid, group.fourd_axis
     else:
         grid = default_grid()
-        mask = axis_mask(TP_AXES if group is None else group)
-    mask = mask_obj(mask)
-    key = (id(grid), mask.mask)
+        axis = getattr(group, "fourd_axis", TP_AXES if group is None else group)
+        if not isinstance(axis, Subgroup):
+            axis = mask_obj(axis)
+    key = (id(grid), id(axis))
     r = _cache.get(key)
-    if r is None or r.grid is not grid:
-        r = _Resolved(grid, mask)
+    if r is None or r.grid is not grid or r.axis is not axis:
+        r = _Resolved(grid, axis)
         _cache[key] = r
     return r
 
@@ -93,7 +102,7 @@ def _check_divides(fn: str, t: torch.Tensor, dim: int, g: _Resolved):
         which = "last" if dim == -1 else "first"
         raise InvalidArgumentError(
             f"{fn}: input: expected its {which} dimension to be divisible by the group size "
-            f"{g.size} ({mask_name(g.mask.mask)}), found {n} (shape {tuple(t.shape)})"
+            f"{g.size} ({g.name}), found {n} (shape {tuple(t.shape)})"
         )
 
 
@@ -102,7 +111,7 @@ def _check_divides(fn: str, t: torch.Tensor, dim: int, g: _Resolved):
 
 def _all_reduce(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     out = t.detach().clone(memory_format=torch.contiguous_format)
-    g.grid.all_reduce(out, g.mask)
+    g.grid.all_reduce(out, g.axis)
     return out
 
 
@@ -114,14 +123,14 @@ def _split(t: torch.Tensor, dim: int, g: _Resolved) -> torch.Tensor:
 def _gather_first(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     t = t.detach().contiguous()
     out = torch.empty((g.size * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    g.grid.all_gather(out, t, g.mask)
+    g.grid.all_gather(out, t, g.axis)
     return out
 
 
 def _gather_last(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     t = t.detach().contiguous()
     out = torch.empty((g.size,) + tuple(t.shape), dtype=t.dtype, device=t.device)
-    g.grid.all_gather(out, t, g.mask)
+    g.grid.all_gather(out, t, g.axis)
     # out[p] is group rank p's chunk: (..., c) -> (..., P, c) -> (..., P*c)
     return out.movedim(0, -2).reshape(tuple(t.shape[:-1]) + (g.size * t.shape[-1],))
 
@@ -129,7 +138,7 @@ def _gather_last(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
 def _reduce_scatter_first(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     t = t.detach().contiguous()
     out = torch.empty((t.shape[0] // g.size,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    g.grid.reduce_scatter(out, t, g.mask)
+    g.grid.reduce_scatter(out, t, g.axis)
     return out
 
 
@@ -137,7 +146,7 @@ def _reduce_scatter_last(t: torch.Tensor, g: _Resolved) -> torch.Tensor:
     c = t.shape[-1] // g.size
     blocks = t.detach().reshape(tuple(t.shape[:-1]) + (g.size, c)).movedim(-2, 0).contiguous()
     out = torch.empty(tuple(t.shape[:-1]) + (c,), dtype=t.dtype, device=t.device)
-    g.grid.reduce_scatter(out, blocks, g.mask)
+    g.grid.reduce_scatter(out, blocks, g.axis)
     return out
 
 
