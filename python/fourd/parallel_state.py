@@ -56,6 +56,7 @@ import itertools
 import math
 import sys
 import threading
+import types
 import warnings
 
 import torch
@@ -334,6 +335,9 @@ def _setup(g, owns: bool, backend, timeout, opts: _Options):
         if opts.hierarchical_cp_sizes:
             _state.hierarchical_cp = [roles["own"]] * len(opts.hierarchical_cp_sizes)
         _state.memory_buffer = GlobalMemoryBuffer()
+    me = sys.modules[__name__]
+    if sys.modules.get(_MEGATRON) is me:  # put in Megatron's place by hand: finish the job
+        _rebind_megatron(me)
     return g
 
 
@@ -587,34 +591,45 @@ def init_torch_distributed(grid=None, backend: str | None = None) -> dict:
     return start_torch(grid if grid is not None else get_grid(), backend, _state.torch_timeout)
 
 
+_MEGATRON = "megatron.core.parallel_state"
+
+
 def use_in_megatron():
     """Make Megatron-Core use this module as its parallel_state.
 
     It becomes ``sys.modules["megatron.core.parallel_state"]`` (so Megatron modules imported
-    from now on import it) and ``megatron.core.parallel_state``; in every Megatron module
-    already imported, a name bound to Megatron's own parallel_state (``parallel_state``,
-    ``mpu``) or to one of its functions (``from megatron.core.parallel_state import
-    get_global_memory_buffer``) is rebound to this module or to its function of the same name.
-    Either order works: before importing Megatron, or after. Returns this module."""
+    from now on import it) and ``megatron.core.parallel_state``, and every Megatron module
+    already imported is rebound to it (see :func:`_rebind_megatron`). Either order works:
+    before importing Megatron, or after. Returns this module."""
     me = sys.modules[__name__]
-    old = sys.modules.get("megatron.core.parallel_state")
-    sys.modules["megatron.core.parallel_state"] = me
+    sys.modules[_MEGATRON] = me
     core = sys.modules.get("megatron.core")
     if core is not None:
         core.parallel_state = me
-    if old is None or old is me:
-        return me
+    _rebind_megatron(me)
+    return me
+
+
+def _rebind_megatron(me) -> None:
+    """In every imported Megatron module, a name bound to Megatron's own parallel_state module
+    (``parallel_state``, ``mpu``) now names `me`, and a name bound to one of its functions or
+    classes (``from megatron.core.parallel_state import get_global_memory_buffer``) names
+    `me`'s of the same name. Megatron's modules bind parallel_state when they are imported: a
+    module still bound to Megatron's own (never initialised) sees ``is_initialized()`` False,
+    and then Megatron's layers get no tensor-parallel group and build unsharded layers."""
     for name, module in list(sys.modules.items()):
-        if not name.startswith("megatron") or module is None or module in (me, old):
+        if not name.startswith("megatron") or module is None or module is me:
             continue
+        if getattr(module, "__name__", None) == _MEGATRON:
+            continue  # Megatron's own parallel_state keeps its own globals
         for attr, value in list(vars(module).items()):
-            if value is old:
-                setattr(module, attr, me)
-            elif getattr(value, "__module__", None) == old.__name__:
+            if isinstance(value, types.ModuleType):
+                if value.__name__ == _MEGATRON and value is not me:
+                    setattr(module, attr, me)
+            elif getattr(value, "__module__", None) == _MEGATRON:
                 ours = getattr(me, getattr(value, "__name__", ""), None)
                 if ours is not None:
                     setattr(module, attr, ours)
-    return me
 
 
 # ---- Megatron-Core getters -----------------------------------------------------------------
@@ -646,15 +661,6 @@ def _override(name: str, value):
     """Megatron's set_... value of `name` when set, else `value()`."""
     v = _state.overrides.get(name)
     return value() if v is None else v
-
-
-def _setter(name: str, what: str):
-    def setter(value):
-        _state.overrides[name] = value
-
-    setter.__name__ = setter.__qualname__ = f"set_{name}"
-    setter.__doc__ = f"Set the {what} that the getter answers until destroy_model_parallel()."
-    return setter
 
 
 def _size_or_zero(role: str, what: str, rank: bool = False) -> int:
@@ -784,27 +790,44 @@ def get_tensor_and_context_parallel_group(check_initialized=True):
     return _group("tp", check_initialized, "tensor and context parallel")
 
 
-set_tensor_model_parallel_world_size = _setter(
-    "tensor_model_parallel_world_size", "tensor-model-parallel world size"
-)
-set_pipeline_model_parallel_world_size = _setter(
-    "pipeline_model_parallel_world_size", "pipeline-model-parallel world size"
-)
-set_tensor_model_parallel_rank = _setter("tensor_model_parallel_rank", "tensor-model-parallel rank")
-set_pipeline_model_parallel_rank = _setter(
-    "pipeline_model_parallel_rank", "pipeline-model-parallel rank"
-)
-set_data_parallel_rank = _setter("data_parallel_rank", "data-parallel rank")
-set_expert_model_parallel_world_size = _setter(
-    "expert_model_parallel_world_size", "expert-model-parallel world size"
-)
-set_expert_model_parallel_rank = _setter("expert_model_parallel_rank", "expert-model-parallel rank")
-set_expert_tensor_parallel_world_size = _setter(
-    "expert_tensor_parallel_world_size", "expert-tensor-parallel world size"
-)
-set_expert_tensor_parallel_rank = _setter(
-    "expert_tensor_parallel_rank", "expert-tensor-parallel rank"
-)
+# Megatron's set_... functions: the getter of the same name answers the value set until
+# destroy_model_parallel().
+
+
+def set_tensor_model_parallel_world_size(world_size):
+    _state.overrides["tensor_model_parallel_world_size"] = world_size
+
+
+def set_pipeline_model_parallel_world_size(world_size):
+    _state.overrides["pipeline_model_parallel_world_size"] = world_size
+
+
+def set_tensor_model_parallel_rank(rank):
+    _state.overrides["tensor_model_parallel_rank"] = rank
+
+
+def set_pipeline_model_parallel_rank(rank):
+    _state.overrides["pipeline_model_parallel_rank"] = rank
+
+
+def set_data_parallel_rank(rank):
+    _state.overrides["data_parallel_rank"] = rank
+
+
+def set_expert_model_parallel_world_size(world_size):
+    _state.overrides["expert_model_parallel_world_size"] = world_size
+
+
+def set_expert_model_parallel_rank(rank):
+    _state.overrides["expert_model_parallel_rank"] = rank
+
+
+def set_expert_tensor_parallel_world_size(world_size):
+    _state.overrides["expert_tensor_parallel_world_size"] = world_size
+
+
+def set_expert_tensor_parallel_rank(rank):
+    _state.overrides["expert_tensor_parallel_rank"] = rank
 
 
 def set_virtual_pipeline_model_parallel_world_size(world_size):
