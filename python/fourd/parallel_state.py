@@ -301,7 +301,7 @@ def _build_groups(g, opts: _Options, timeout):
         m: make_group(g, _MASK_OBJS[m], families_along(g, m), _label(m), timeout=timeout)
         for m in _BUILT_MASKS
     }
-    own = make_group(g, None, [(r,) for r in range(g.world_size)], "own", timeout=timeout)
+    own = make_group(g, None, [(r,) for r in range(g.world_size)], "this_rank", timeout=timeout)
     roles = {"tp": groups[_TP], "dp": groups[_DATA], "world": groups[_WORLD], "own": own}
     roles["dp_gloo"] = None
     if opts.create_gloo:
@@ -657,10 +657,21 @@ def _global_ranks(role: str, what: str) -> list:
     return _group(role, True, what).ranks()
 
 
-def _override(name: str, value):
-    """Megatron's set_... value of `name` when set, else `value()`."""
-    v = _state.overrides.get(name)
-    return value() if v is None else v
+def _set(name: str):
+    """The value Megatron's set_<name>() gave, None when none."""
+    return _state.overrides.get(name)
+
+
+def _size(role: str, what: str, name: str) -> int:
+    """The set value of `name`, else the size of the role's group."""
+    v = _set(name)
+    return _group(role, True, what).size() if v is None else v
+
+
+def _rank(role: str, what: str, name: str) -> int:
+    """The set value of `name`, else my rank in the role's group."""
+    v = _set(name)
+    return _group(role, True, what).rank() if v is None else v
 
 
 def _size_or_zero(role: str, what: str, rank: bool = False) -> int:
@@ -835,30 +846,19 @@ def set_virtual_pipeline_model_parallel_world_size(world_size):
 
 
 def get_tensor_model_parallel_world_size():
-    return _override(
-        "tensor_model_parallel_world_size",
-        lambda: _group("tp", True, "tensor model parallel").size(),
-    )
+    return _size("tp", "tensor model parallel", "tensor_model_parallel_world_size")
 
 
 def get_pipeline_model_parallel_world_size():
-    return _override(
-        "pipeline_model_parallel_world_size",
-        lambda: _group("own", True, "pipeline model parallel").size(),
-    )
+    return _size("own", "pipeline model parallel", "pipeline_model_parallel_world_size")
 
 
 def get_tensor_model_parallel_rank():
-    return _override(
-        "tensor_model_parallel_rank", lambda: _group("tp", True, "tensor model parallel").rank()
-    )
+    return _rank("tp", "tensor model parallel", "tensor_model_parallel_rank")
 
 
 def get_pipeline_model_parallel_rank():
-    return _override(
-        "pipeline_model_parallel_rank",
-        lambda: _group("own", True, "pipeline model parallel").rank(),
-    )
+    return _rank("own", "pipeline model parallel", "pipeline_model_parallel_rank")
 
 
 def is_pipeline_first_stage(ignore_virtual=True, vp_stage=None):
@@ -958,27 +958,24 @@ def get_pipeline_model_parallel_prev_rank():
 def get_data_parallel_world_size(
     with_context_parallel=False, with_gtp_remat=True, partial_data_parallel=False
 ):
-    def size():
-        if not _torch_up():
-            return 0
-        return get_data_parallel_group(
-            with_context_parallel, with_gtp_remat, partial_data_parallel
-        ).size()
-
-    return _override("data_parallel_world_size", size)
+    """0 while torch.distributed is down, as in Megatron."""
+    if not _torch_up():
+        return 0
+    return get_data_parallel_group(
+        with_context_parallel, with_gtp_remat, partial_data_parallel
+    ).size()
 
 
 def get_data_parallel_rank(
     with_context_parallel=False, with_gtp_remat=True, partial_data_parallel=False
 ):
-    def rank():
-        if not _torch_up():
-            return 0
-        return get_data_parallel_group(
-            with_context_parallel, with_gtp_remat, partial_data_parallel
-        ).rank()
-
-    return _override("data_parallel_rank", rank)
+    """The set value, else 0 while torch.distributed is down, as in Megatron."""
+    v = _set("data_parallel_rank")
+    if v is not None or not _torch_up():
+        return v or 0
+    return get_data_parallel_group(
+        with_context_parallel, with_gtp_remat, partial_data_parallel
+    ).rank()
 
 
 def get_context_parallel_world_size():
@@ -1029,15 +1026,13 @@ def get_expert_model_parallel_src_rank():
 
 
 def get_expert_model_parallel_world_size():
-    return _override(
-        "expert_model_parallel_world_size", lambda: _size_or_zero("own", "expert model parallel")
-    )
+    v = _set("expert_model_parallel_world_size")
+    return _size_or_zero("own", "expert model parallel") if v is None else v
 
 
 def get_expert_model_parallel_rank():
-    return _override(
-        "expert_model_parallel_rank", lambda: _size_or_zero("own", "expert model parallel", True)
-    )
+    v = _set("expert_model_parallel_rank")
+    return _size_or_zero("own", "expert model parallel", rank=True) if v is None else v
 
 
 def get_expert_tensor_parallel_group(check_initialized=True):
@@ -1047,19 +1042,17 @@ def get_expert_tensor_parallel_group(check_initialized=True):
 def get_expert_tensor_parallel_world_size():
     """Megatron's answer: the set value, else the group's size, else (no group) the set
     tensor-parallel world size."""
-    grp = _state.roles.get("tp")
-    fallback = lambda: (  # noqa: E731
-        _state.overrides.get("tensor_model_parallel_world_size") if grp is None else grp.size()
-    )
-    return _override("expert_tensor_parallel_world_size", fallback)
+    v, grp = _set("expert_tensor_parallel_world_size"), _state.roles.get("tp")
+    if v is not None:
+        return v
+    return _set("tensor_model_parallel_world_size") if grp is None else grp.size()
 
 
 def get_expert_tensor_parallel_rank():
-    grp = _state.roles.get("tp")
-    fallback = lambda: (  # noqa: E731
-        _state.overrides.get("tensor_model_parallel_rank") if grp is None else grp.rank()
-    )
-    return _override("expert_tensor_parallel_rank", fallback)
+    v, grp = _set("expert_tensor_parallel_rank"), _state.roles.get("tp")
+    if v is not None:
+        return v
+    return _set("tensor_model_parallel_rank") if grp is None else grp.rank()
 
 
 def get_expert_tensor_and_model_parallel_group(check_initialized=True):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import os
 import shlex
 import subprocess
 import sys
@@ -181,6 +182,39 @@ def test_megatron_order_strings_map_onto_the_grid():
         grid_order("tp-pp", 2, 2)
     with pytest.raises(fourd.InvalidArgumentError, match="twice"):
         grid_order("tp-tp-dp", 2, 2)
+
+
+# Until fourd.distributed exists, a stand-in registers a backend named "fourd" (gloo under that
+# name): the groups must then be of that backend, as they will be of fourd's own.
+_BACKEND_SCRIPT = """
+import importlib.util, sys, types
+import torch.distributed as dist
+if importlib.util.find_spec("fourd.distributed") is None:
+    def make(store, rank, size, timeout):
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    dist.Backend.register_backend("fourd", make, devices=["cpu"])
+    sys.modules["fourd.distributed"] = types.ModuleType("fourd.distributed")
+import fourd.parallel_state as ps
+ps.initialize()
+for g in (ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()):
+    assert dist.get_backend(g) == "fourd", dist.get_backend(g)
+    assert dist.get_backend(g.torch_group()) == "fourd"
+assert dist.get_backend(ps.get_data_parallel_group_gloo()) == "gloo"
+ps.destroy_model_parallel()
+print("backend ok")
+"""
+
+
+def test_groups_are_of_fourds_torch_backend_when_it_is_registered():
+    env = {**os.environ, "FOURD_CALIBRATE": "0"}
+    r = subprocess.run(
+        [sys.executable, "-c", _BACKEND_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "backend ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("n", [4])
