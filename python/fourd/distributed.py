@@ -495,6 +495,18 @@ class _World:
 _WORLD = _World()
 
 
+def keep_world_grid(grid) -> bool:
+    """Whether torch's default group of backend fourd runs on `grid` (it adopted the grid that
+    was current at init_process_group). If so, that group takes the grid over: it is finalized
+    with the default group (destroy_process_group, or exit), and the caller that built it (such
+    as parallel_state.destroy_model_parallel) must not finalize it, or every torch group of
+    backend fourd would be left on a finalized grid."""
+    if grid is not None and _WORLD.grid is grid:
+        _WORLD.owned = True
+        return True
+    return False
+
+
 def _torch_ordered_world(rank: int, size: int, deadline: float):
     """MPI.COMM_WORLD's processes in torch's rank order (torch rank r = rank r in the result).
     env:// may number the processes otherwise than MPI; every process must be both."""
@@ -532,15 +544,9 @@ def _usable_current_grid():
 
 
 def _new_grid(size: int, comm, timeout: float, previous):
-    """A grid of x = size over `comm`. fourd.init makes it the current grid; a grid that was
-    current before stays current (the user's own, for fourd's direct calls)."""
-    g = _grid.init(x=size, comm=comm, timeout=timeout)
-    if previous is not None:
-        # Workaround until fourd.init can build a grid without making it current (requested
-        # from the lead): put the caller's grid back.
-        with _grid._lock:
-            _grid._current = previous
-    return g
+    """A grid of x = size over `comm`. A grid that was current before stays current (the
+    user's own, for fourd's direct calls); without one, this grid becomes current."""
+    return _grid.init(x=size, comm=comm, timeout=timeout, make_current=previous is None)
 
 
 # ---- the ProcessGroup ------------------------------------------------------------------------

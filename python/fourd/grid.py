@@ -449,7 +449,10 @@ class Grid:
 
     def _comm_for(self, axis):
         """The native communicator of an axis argument: a name, a tuple of names, a mask
-        holder, or a Subgroup of this grid."""
+        holder, a Subgroup of this grid, or an object that names one of those as its
+        `fourd_axis` (a torch ProcessGroup of fourd's backend, a parallel_state group)."""
+        if not isinstance(axis, (str, tuple, Subgroup)):
+            axis = getattr(axis, "fourd_axis", axis)
         if isinstance(axis, Subgroup):
             return axis.communicator
         return self._comm(axis_mask(axis))
@@ -979,13 +982,17 @@ def init(
     timeout=None,
     debug=None,
     plan=None,
+    make_current=True,
 ) -> Grid:
     """Build the 4D grid over the ranks of `comm` (default MPI.COMM_WORLD). Collective: every
-    rank must pass the same arguments (checked; a mismatch raises on every rank)."""
+    rank must pass the same arguments (checked; a mismatch raises on every rank). The new grid
+    becomes the one fourd's module-level calls use, unless `make_current=False` (a library
+    that builds a grid of its own, such as the torch backend, leaves the user's in place)."""
     global _current, _was_finalized
     from mpi4py import MPI
 
     _check_mpi_library(MPI)
+    make_current = _flag(make_current, "make_current")
     if plan is not None:
         kw = plan.grid_kwargs() if hasattr(plan, "grid_kwargs") else dict(plan)
         x, y, z = kw.get("x", 1), kw.get("y", 1), kw.get("z", 1)
@@ -1017,9 +1024,10 @@ def init(
         hook(g)
     _select_cuda_device(native, g._rank)
     with _lock:
-        _current = g
+        if make_current:
+            _current = g
+            _was_finalized = False
         _all_grids.add(g)
-        _was_finalized = False
     return g
 
 

@@ -522,7 +522,8 @@ def model_parallel_is_initialized() -> bool:
 
 def destroy_model_parallel():
     """Forget the groups and Megatron's set_... values, and finalize the grid when
-    :func:`initialize` built it.
+    :func:`initialize` built it, unless torch's default group of backend fourd runs on it (then
+    ``destroy_process_group`` finalizes it: fourd.distributed.keep_world_grid).
 
     torch.distributed stays up, and so do the torch groups under the Groups: they depend only
     on their rank lists, so a later :func:`initialize` reuses them (destroying and re-making
@@ -531,8 +532,14 @@ def destroy_model_parallel():
     with _lock:
         g, owns = _state.grid, _state.owns_grid
         _reset_state()
-    if g is not None and owns:
+    if g is not None and owns and not _torch_keeps(g):
         g.finalize()
+
+
+def _torch_keeps(g) -> bool:
+    """torch's default group of backend fourd runs on `g` and now owns it (keep_world_grid)."""
+    backend = sys.modules.get("fourd.distributed")
+    return backend is not None and backend.keep_world_grid(g)
 
 
 def get_grid():

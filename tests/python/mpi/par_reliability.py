@@ -216,3 +216,34 @@ def test_members_that_disagree_on_a_group_all_raise():
     with pytest.raises(fourd.InvalidArgumentError, match="not in"):
         g.group([r for r in range(N) if r != ME] or [99])
     MPI.COMM_WORLD.Barrier()
+
+
+def test_init_can_leave_the_current_grid_in_place():
+    g = fourd.init()
+    h = fourd.init(x=N, make_current=False)
+    assert fourd.get_grid() is g and h is not g
+    a = np.full(7, ME + 1, np.float64)
+    fourd.all_reduce(a, "x", grid=h)
+    assert (a == N * (N + 1) / 2).all()
+    with pytest.raises(fourd.InvalidArgumentError, match="make_current"):
+        fourd.init(make_current="no")
+    h.finalize()
+    fourd.finalize()
+
+
+def test_an_object_naming_its_fourd_axis_is_an_axis():
+    """What a torch group of fourd's backend or a parallel_state group carries: any argument
+    that takes an axis takes it, positionally too."""
+    g = fourd.init()
+
+    class Holder:
+        def __init__(self, axis):
+            self.fourd_axis = axis
+
+    ranks = list(range(N))[::-1]
+    for holder in (Holder("world"), Holder(g.group(ranks))):
+        a = np.full(5, ME + 1, np.int64)
+        fourd.all_reduce(a, holder)
+        assert (a == N * (N + 1) // 2).all()
+        assert g.size(holder) == N and sorted(g.ranks(holder)) == list(range(N))
+    fourd.finalize()
