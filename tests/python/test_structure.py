@@ -80,7 +80,15 @@ def python_modules(package: Path = PACKAGE) -> dict[str, Path]:
     return modules
 
 
+def _declared_native_modules() -> set[str]:
+    """Extension modules CMakeLists.txt builds into the package (a fresh clone has no .so)."""
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    return {f"fourd.{name}" for name in re.findall(r"pybind11_add_module\(\s*(\w+)", cmake)}
+
+
 def _native_submodule(modules: dict[str, Path], dotted: str) -> bool:
+    if dotted in _declared_native_modules():
+        return True
     parent, _, name = dotted.rpartition(".")
     init = modules.get(parent)
     if init is None or init.name != "__init__.py":
