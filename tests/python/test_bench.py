@@ -435,10 +435,27 @@ def test_bench_runs_under_mpi(tmp_path):
     libs = {r["library"] for r in rows}
     assert {"fourd", "mpi"} <= libs, libs
     assert "torch" in libs or "torch" in json.dumps(doc["skipped"]), doc["skipped"]
+    _check_sweep_rows(rows)
+    assert len(cp.read_text().splitlines()) == len(rows) + 1
+    assert pp.read_bytes()[:4] == b"\x89PNG"
+
+
+def _check_sweep_rows(rows: list) -> None:
+    """The rows of test_bench_runs_under_mpi: every collective, axis and dtype asked for,
+    auto's choices, the MPI ratio, and the bandwidths' arithmetic."""
     colls = {r["collective"] for r in rows}
     assert colls == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
     assert {r["axis"] for r in rows} == {"x", "world"}
     assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
+    _check_auto_choices(rows)
+    ar = [r for r in rows if r["library"] == "fourd" and r["collective"] == "all_reduce"]
+    assert any(r["ratio_vs_mpi"] for r in ar)
+    for r in rows:
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * r["bus_factor"], rel=1e-9)
+        assert math.isclose(r["algbw_gbps"], r["size_bytes"] / r["time_us"] / 1e3, rel_tol=1e-9)
+
+
+def _check_auto_choices(rows: list) -> None:
     auto = [r for r in rows if r["algorithm"] == "auto"]
     assert auto and all(r["auto_choice"] for r in auto)
     # One choice per group of the axis (x: 2 groups), rank 0's group first.
@@ -446,13 +463,6 @@ def test_bench_runs_under_mpi(tmp_path):
         len(r["auto_choices"]) == r["groups"] and r["auto_choices"][0] == r["auto_choice"]
         for r in auto
     ), [(r["axis"], r["groups"], r["auto_choices"]) for r in auto]
-    ar = [r for r in rows if r["library"] == "fourd" and r["collective"] == "all_reduce"]
-    assert any(r["ratio_vs_mpi"] for r in ar)
-    for r in rows:
-        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * r["bus_factor"], rel=1e-9)
-        assert math.isclose(r["algbw_gbps"], r["size_bytes"] / r["time_us"] / 1e3, rel_tol=1e-9)
-    assert len(cp.read_text().splitlines()) == len(rows) + 1
-    assert pp.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_batch_timing_under_mpi(tmp_path):
