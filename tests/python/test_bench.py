@@ -810,6 +810,122 @@ def test_tables_show_only_the_baselines_measured_and_fit_long_names():
     assert "1 group at once" in text, text
 
 
+# ---- torch.distributed on fourd's backend (--baseline torch-fourd) -----------------------------
+
+
+class _Impl:
+    def __init__(self, library, algorithm):
+        self.library, self.algorithm = library, algorithm
+        self.label = algorithm if library == "fourd" else library
+
+
+def test_torch_fourd_is_a_baseline_when_asked():
+    """torch-fourd (torch.distributed on backend fourd) is measured when named, or with all;
+    without --baseline the baselines stay mpi and torch."""
+    assert p4("--baseline", "torch-fourd").baselines == ["torch-fourd"]
+    assert p4("--baseline", "torch-fourd,mpi").baselines == ["torch-fourd", "mpi"]
+    assert p4("--baseline", "all").baselines == ["mpi", "torch", "torch-fourd"]
+    assert p4().baselines == ["mpi", "torch"]
+
+
+def test_the_vs_fourd_column(tmp_path):
+    """A table with torch-fourd has a vs fourd column, filled on the torch-fourd line only
+    (t_torch-fourd / t_auto) while the fourd lines keep vs mpi; the summary has vs fourd on
+    the torch-fourd line; the JSON and the CSV carry ratio_vs_fourd."""
+    import io
+
+    from fourd.bench.options import AxisSpec
+    from fourd.bench.printer import Printer
+    from fourd.bench.runner import ratio_columns
+
+    class Row:
+        nbytes, count, dtype, opname = 1024, 256, "float32", "sum"
+        bnd = {"t_min_s": 1e-7}
+
+    auto, tf, mpi = _Impl("fourd", "auto"), _Impl("torch-fourd", "torch-fourd"), _Impl("mpi", "mpi")
+    cols = ratio_columns([auto, mpi, tf])
+    assert cols == ["mpi", "fourd"]
+    rows = [
+        _row(algorithm="auto", auto_choice="ring", in_place=True, ratio_vs_mpi=2.0),
+        _row(library="torch-fourd", algorithm="torch-fourd", in_place=True, time_us=11.0),
+        _row(library="mpi", algorithm="mpi", in_place=True, time_us=20.0),
+    ]
+    rows[1]["ratio_vs_fourd"] = 1.1
+    buf = io.StringIO()
+    pr = Printer(True, False, stream=buf)
+    info = {"description": "1 node x 2 ranks", "groups": 1, "bound_text": "c(k-1)/k S/Bi"}
+    pr.table_header("all_reduce", AxisSpec("x", 1, 2), info, [f"vs {c}" for c in cols])
+    pr.size_rows(Row(), [(i, {True: r}) for i, r in zip((auto, tf, mpi), rows)], cols)
+    text = buf.getvalue()
+    assert "vs mpi" in text and "vs fourd" in text, text
+    lines = [x for x in text.splitlines() if not x.startswith("#")]
+    assert "2.00x" in lines[0] and "1.10x" not in lines[0], lines
+    assert "1.10x" in lines[1] and "2.00x" not in lines[1], lines
+    assert "x" not in lines[2].split("mpi", 1)[1], lines  # the mpi line has no ratio
+    per = {s["library"]: s for s in report.summarize(rows)["per_algorithm"]}
+    assert per["torch-fourd"]["ratio_vs_fourd"] == pytest.approx(1.1)
+    assert per["fourd"]["ratio_vs_fourd"] is None and per["mpi"]["ratio_vs_fourd"] is None
+    assert "vs fourd" in _summary_text(rows)
+    assert report.validate(_doc(rows)) == []
+    cp = tmp_path / "r.csv"
+    report.write_csv(str(cp), rows)
+    with open(cp) as f:
+        table = list(csv.DictReader(f))
+    assert [r["ratio_vs_fourd"] for r in table] == ["", "1.1", ""]
+
+
+def _check_torch_fourd_rows(rows: list) -> None:
+    """torch-fourd's cells are those torch has, and each one's vs fourd is its time over the
+    time of auto's cell of the same size and placement."""
+    auto = {_cell_key(x): x for x in rows if x["algorithm"] == "auto"}
+    mine = [x for x in rows if x["library"] == "torch-fourd"]
+    assert {(x["collective"], x["in_place"]) for x in mine} == {
+        ("all_reduce", True),  # torch's all_reduce is in place only
+        ("all_gather", False),
+        ("all_gather", True),
+        ("reduce_scatter", False),
+        ("reduce_scatter", True),
+        ("broadcast", True),
+    }, mine
+    for x in mine:
+        a = auto[_cell_key(x)]
+        assert x["ratio_vs_fourd"] == pytest.approx(x["time_us"] / a["time_us"], rel=1e-9)
+        assert x["ratio_vs_mpi"] is None and x["ratio_vs_torch"] is None
+
+
+def _cell_key(row: dict) -> tuple:
+    return (row["collective"], row["axis"], row["dtype"], row["size_bytes"], row["in_place"])
+
+
+def test_torch_on_fourd_next_to_gloo_and_mpi_under_mpi(tmp_path):
+    """--baseline all on 4 ranks: torch.distributed on backend fourd in the same run as direct
+    fourd, MPI and gloo; every check exact; its groups are the grid's own communicators of
+    the axes; every torch-fourd row's vs fourd is its time over auto's cell of the same size
+    and placement; the column, the JSON and the CSV have it."""
+    jp, cp = tmp_path / "t.json", tmp_path / "t.csv"
+    argv = ["-m", "fourd.bench", "-b", "1K", "-e", "4K", "-n", "2", "--collective", "all"]
+    argv += ["--axis", "x,world", "--algorithm", "auto", "--baseline", "all"]
+    r = run_mpi(4, [*argv, "--json", str(jp), "--csv", str(cp)], timeout=300)
+    out = r.stdout
+    assert "# Out of bounds values : 0 OK" in out, out[-3000:]
+    assert "vs fourd" in out and "torch-fourd = torch.distributed" in out, out[:4000]
+    doc = json.loads(jp.read_text())
+    assert report.validate(doc) == [], report.validate(doc)[:5]
+    rows = doc["rows"]
+    assert {x["library"] for x in rows} == {"fourd", "mpi", "torch", "torch-fourd"}, doc["skipped"]
+    assert all(x["wrong"] == 0 for x in rows)
+    base = doc["baselines"]["torch-fourd"]
+    assert base["available"] and base["backend"] == "fourd" and base["grid_communicators"], base
+    assert set(base["communicators"]) == {"x", "world"}
+    assert doc["baselines"]["torch"]["default_group"] == "fourd"
+    _check_torch_fourd_rows(rows)
+    per = [s for s in doc["summary"]["per_algorithm"] if s["library"] == "torch-fourd"]
+    assert per and all(s["ratio_vs_fourd"] for s in per)
+    with open(cp) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) and "ratio_vs_fourd" in table[0]
+
+
 # ---- the plot ----------------------------------------------------------------------------------
 
 

@@ -51,7 +51,7 @@ def replace_atomically(path: str, text: str) -> None:
 
 def _mutable(row: dict) -> tuple:
     """The fields a recorded row may still change (a later baseline's ratio)."""
-    return (row.get("ratio_vs_mpi"), row.get("ratio_vs_torch"))
+    return (row.get("ratio_vs_mpi"), row.get("ratio_vs_torch"), row.get("ratio_vs_fourd"))
 
 
 class _Kept:

@@ -79,12 +79,7 @@ def print_header(s, runner) -> None:
         f"rank at once; median, range {min(s.bw_all) / 1e9:.2f}-{max(s.bw_all) / 1e9:.2f}); "
         f"{be_text}; c = 2 for all_reduce, 1 otherwise; eff = bound / time"
     )
-    btxt = []
-    for b in s.baselines:
-        if b.library == "mpi":
-            btxt.append("mpi = the MPI library's collective via mpi4py on the same ranks")
-        else:
-            btxt.append(f"torch = torch.distributed {b.version} gloo on the same ranks")
+    btxt = [_baseline_text(b) for b in s.baselines]
     pr.line(
         f"# baselines: {'; '.join(btxt) if btxt else 'none'}; vs = t_baseline / t_fourd "
         f"(> 1: fourd faster)"
@@ -93,6 +88,26 @@ def print_header(s, runner) -> None:
     _print_placement(pr, s.placement)
     for n in s.notes:
         pr.note(n)
+
+
+def _baseline_text(b) -> str:
+    """What a baseline of the header's list is."""
+    if b.library == "mpi":
+        return "mpi = the MPI library's collective via mpi4py on the same ranks"
+    if b.library == "torch":
+        return f"torch = torch.distributed {b.version} gloo on the same ranks"
+    comms = b.communicators().values()
+    where = ", ".join(
+        c["torch_group"] + ("" if c["torch_group"] == c["grid_axis"] else " (a group of its own)")
+        for c in comms
+    )
+    if any(c["torch_group"] != c["direct"] for c in comms):
+        where += f" (fourd's own cells: {', '.join(c['direct'] for c in comms)})"
+    return (
+        f"torch-fourd = torch.distributed {b.version} on backend fourd (fourd.distributed) on "
+        f"the same ranks, its groups on fourd's communicators {where}; its vs fourd = "
+        "t_torch-fourd / t_auto"
+    )
 
 
 def _print_run(s, runner) -> None:

@@ -1,5 +1,6 @@
-"""The three things a row can time: fourd (one per algorithm), MPI through mpi4py, and
-torch.distributed (gloo), each on a group of exactly the same ranks.
+"""The things a row can time: fourd (one per algorithm), MPI through mpi4py, and
+torch.distributed on gloo and on fourd's own backend (torch-fourd), each on a group of exactly
+the same ranks.
 
 An implementation gives, for one (collective, placement) on one set of buffers, a call to time
 and the place where its result lands (for the check). It never communicates outside those calls,
@@ -75,6 +76,7 @@ class Impl:
     library = ""
     label = ""
     algorithm = ""
+    api = ""  # whose calls these are in the collective table's rules (in_place_only); library
 
     def group_rank(self, axis) -> int:
         raise NotImplementedError
@@ -82,10 +84,15 @@ class Impl:
     def root_group_rank(self, axis) -> int:
         return 0
 
+    def tuned_axis(self, axis):
+        """The axis argument of Grid.tuning for the calls of fourd's auto this implementation
+        makes on `axis` (the runner waits for their tuning to settle), or None."""
+        return None
+
     def unsupported(self, collective, dtype, op, in_place) -> str | None:
         """Why this library cannot run the cell (the same on every rank), or None."""
         if not in_place:
-            return TABLE[collective].in_place_only.get(self.library)
+            return TABLE[collective].in_place_only.get(self.api or self.library)
         return None
 
     def make_call(self, axis, bufs: Buffers, in_place: bool, op):
@@ -105,6 +112,9 @@ class FourdImpl(Impl):
 
     def group_rank(self, axis) -> int:
         return self.grid.rank(axis.name)
+
+    def tuned_axis(self, axis):
+        return axis.name if self.algorithm == "auto" else None
 
     def unsupported(self, collective, dtype, op, in_place):
         if not TABLE[collective].takes_algorithm and self.algorithm != "auto":
@@ -193,14 +203,13 @@ class MpiImpl(Impl):
         return coll.mpi(args, inp, res, in_place), inp, res
 
 
-class TorchImpl(Impl):
-    """torch.distributed with the gloo backend, initialised from MPI (rank 0 picks a free port
-    and broadcasts it), with one new_group per group of every axis, made by every rank in the
-    same order. Buffers are torch views of the same numpy arrays."""
-
-    library = "torch"
-    label = "torch"
-    algorithm = "torch-gloo"
+class TorchSession:
+    """torch.distributed for the torch baselines, initialised from MPI (rank 0 picks a free port
+    and broadcasts it), with one new_group per group of every axis for each backend measured,
+    made by every rank in the same order. The default group is gloo's, or fourd's when
+    torch-fourd is measured: a group of fourd's backend needs its default group on fourd
+    (docs/torch.md), and gloo's groups are then new_group(backend="gloo") over the same
+    store."""
 
     def __init__(self, grid, timeout_s: float):
         import torch
@@ -208,11 +217,10 @@ class TorchImpl(Impl):
 
         self.torch, self.dist, self.grid = torch, dist, grid
         self.timeout_s = timeout_s
-        self.groups: dict = {}
-        self.roots: dict = {}
+        self.roots: dict = {}  # axis mask -> the world rank of fourd's group rank 0
         self.version = torch.__version__
         self.master = ""
-        self.latency_s = 0.0  # one small gloo all_reduce (setup)
+        self.default = ""  # the default group's backend
         torch.set_num_threads(1)  # ranks already share the cores; no intra-op threads
         self.ops = {
             "sum": dist.ReduceOp.SUM,
@@ -221,8 +229,10 @@ class TorchImpl(Impl):
             "max": dist.ReduceOp.MAX,
             "avg": getattr(dist.ReduceOp, "AVG", None),
         }
-        self._ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self.reduce_scatter = (
+            getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        )
 
     @staticmethod
     def rendezvous(world, hosts) -> tuple[str, int]:
@@ -246,34 +256,83 @@ class TorchImpl(Impl):
                 port = 0
         return world.bcast((addr, port), root=0)
 
-    def setup(self, world, hosts, axes):
-        """Collective over the world. Raises on failure (the caller agrees on the outcome)."""
-        dist = self.dist
-        # All MPI communication first, so that a torch failure on one rank cannot leave the
-        # ranks in different MPI calls; after this point only torch waits (with its timeout).
+    def setup(self, world, hosts, axes, impls) -> None:
+        """Collective over the world: the default group, then every group of each of `impls`
+        (TorchImpl and TorchFourdImpl). Raises on failure (the caller agrees on the outcome)."""
+        # The bench's own MPI communication first, so that a torch failure on one rank cannot
+        # leave the ranks in different MPI calls; after this point only torch waits (with its
+        # timeout), fourd's backend included: its MPI calls have that deadline.
         groups = []
         for axis in axes:
             mine = tuple(self.grid.ranks(axis.name))
             groups.append((axis, mine, sorted(set(world.allgather(mine)))))
+            self.roots[axis.mask] = mine[0]  # fourd's and MPI's group rank 0
         addr, port = self.rendezvous(world, hosts)
         if not port:
             raise RuntimeError(f"rank 0 could not open a port on {addr} for torch.distributed")
         self.master = f"{addr}:{port}"
-        dist.init_process_group(
-            "gloo",
+        self.default = "fourd" if any(i.backend == "fourd" for i in impls) else "gloo"
+        self.dist.init_process_group(
+            self.default,
             init_method=f"tcp://{addr}:{port}",
             rank=world.Get_rank(),
             world_size=world.Get_size(),
             timeout=datetime.timedelta(seconds=self.timeout_s),
         )
-        me = world.Get_rank()
-        for axis, mine, every in groups:
-            for ranks in every:  # every rank calls new_group for every group, in one order
-                pg = dist.new_group(list(ranks))
+        for impl in impls:
+            impl.make_groups(groups, world.Get_rank())
+        for impl in impls:
+            impl.started()
+
+    def close(self):
+        try:
+            if self.dist.is_initialized():
+                self.dist.destroy_process_group()
+        except Exception:  # noqa: BLE001, S110 - best effort at exit
+            pass
+
+
+class TorchImpl(Impl):
+    """torch.distributed with the gloo backend, on one group of the same ranks per group of
+    every axis (made by TorchSession). Buffers are torch views of the same numpy arrays."""
+
+    library = "torch"
+    label = "torch"
+    algorithm = "torch-gloo"
+    api = "torch"
+    backend = "gloo"
+
+    def __init__(self, session: TorchSession):
+        self.session = session
+        self.torch, self.dist, self.grid = session.torch, session.dist, session.grid
+        self.groups: dict = {}  # axis mask -> this rank's group
+        self.axis_names: dict = {}  # axis mask -> its name
+        self.roots = session.roots
+        self.version = session.version
+        self.ops = session.ops
+        self.latency_s = 0.0  # one small gloo all_reduce (started)
+
+    @property
+    def master(self) -> str:
+        return self.session.master
+
+    def make_groups(self, groups: list, me: int) -> None:
+        """Collective over the world: every rank calls new_group for every group, in one
+        order (`groups`: (axis, my ranks, every group's ranks) per axis)."""
+        for axis, _mine, every in groups:
+            self.axis_names[axis.mask] = axis.name
+            for ranks in every:
+                pg = self._new_group(ranks)
                 if me in ranks:
                     self.groups[axis.mask] = pg
-            self.roots[axis.mask] = mine[0]  # fourd's and MPI's group rank 0
-        self.latency_s = max(self._small_call_seconds(self.groups[a.mask]) for a, _, _ in groups)
+
+    def _new_group(self, ranks: tuple):
+        backend = None if self.session.default == self.backend else self.backend
+        return self.dist.new_group(list(ranks), backend=backend)
+
+    def started(self) -> None:
+        """After every group exists (collective over the world): gloo's small-call price."""
+        self.latency_s = max(self._small_call_seconds(pg) for pg in self.groups.values())
 
     def _small_call_seconds(self, group, calls: int = 8) -> float:
         """The median time of an 8-byte all_reduce on this rank's group of an axis, every group
@@ -290,12 +349,18 @@ class TorchImpl(Impl):
                 times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]
 
-    def close(self):
-        try:
-            if self.dist.is_initialized():
-                self.dist.destroy_process_group()
-        except Exception:  # noqa: BLE001, S110 - best effort at exit
-            pass
+    def doc(self) -> dict:
+        """The JSON "baselines" entry."""
+        return {
+            "available": True,
+            "version": self.version,
+            "backend": self.backend,
+            "default_group": self.session.default,
+            "store": self.master,
+            "latency_s": self.latency_s,
+            "how": f"torch.distributed {' / '.join(c.torch_name for c in TABLE.values())} on "
+            "new_group of the same ranks (gloo)",
+        }
 
     def group_rank(self, axis) -> int:
         return self.dist.get_rank(self.groups[axis.mask])
@@ -320,8 +385,8 @@ class TorchImpl(Impl):
             pg,
             self.ops[op] if coll.reduces else None,
             self.roots[axis.mask],
-            self._ag,
-            self._rs,
+            self.session.all_gather,
+            self.session.reduce_scatter,
         )
         return (
             coll.torch(args, self._tensor(inp, bufs.dtype), self._tensor(res, bufs.dtype)),
@@ -333,6 +398,70 @@ class TorchImpl(Impl):
         """A torch tensor sharing `arr`'s memory (bfloat16 reinterpreted from its bits)."""
         t = self.torch.from_numpy(arr)
         return t if arr.dtype.name == dtype else t.view(getattr(self.torch, dtype))
+
+
+class TorchFourdImpl(TorchImpl):
+    """torch.distributed on fourd's own backend (fourd.distributed, imported before the
+    session starts): the same torch calls as the gloo baseline, on new_group of the axis's
+    world ranks in fourd's group order (sort_ranks=False), which the backend maps onto the
+    grid's own communicator of the axis. Its cells run fourd's auto under torch's API; the
+    rows' ratio_vs_fourd is their time over direct auto's (runner.py)."""
+
+    library = "torch-fourd"
+    label = "torch-fourd"
+    algorithm = "torch-fourd"
+    backend = "fourd"
+
+    def __init__(self, session: TorchSession):
+        super().__init__(session)
+        self.mapped: dict = {}  # axis name -> communicator names (communicators())
+
+    def _new_group(self, ranks: tuple):
+        backend = None if self.session.default == self.backend else self.backend
+        return self.dist.new_group(list(ranks), backend=backend, sort_ranks=False)
+
+    def started(self) -> None:
+        """After every group exists (on every rank): which fourd communicator the backend
+        gave each axis's group. Nothing to price: its calls are fourd's, priced by fourd's
+        cost model."""
+        for mask, pg in self.groups.items():
+            name = self.axis_names[mask]
+            self.mapped[name] = {
+                "torch_group": pg.fourd_axis.name,
+                "grid_axis": self.grid.communicator(_C.mask_name(mask)).name,
+                "direct": self.grid.communicator(name).name,
+            }
+
+    def communicators(self) -> dict:
+        """axis name -> the names of the fourd communicator the backend gave the axis's group
+        ("torch_group"), of the grid's own communicator of the axis's mask ("grid_axis": the
+        same when the backend mapped the group onto it), and of the one fourd's own cells use
+        ("direct": the axis as the bench names it, so world is the grid's world communicator,
+        the same ranks as the combination of its axes of more than one rank)."""
+        return {a: dict(c) for a, c in self.mapped.items()}
+
+    def tuned_axis(self, axis):
+        return self.groups[axis.mask].fourd_axis
+
+    def unsupported(self, collective, dtype, op, in_place):
+        # fourd's backend averages floating types (the sweep skips avg on integers).
+        return Impl.unsupported(self, collective, dtype, op, in_place)
+
+    def doc(self) -> dict:
+        comms = self.communicators()
+        return {
+            "available": True,
+            "version": self.version,
+            "backend": self.backend,
+            "default_group": self.session.default,
+            "store": self.master,
+            "communicators": {a: c["torch_group"] for a, c in comms.items()},
+            "grid_communicators": all(c["torch_group"] == c["grid_axis"] for c in comms.values()),
+            "direct_communicators": {a: c["direct"] for a, c in comms.items()},
+            "how": f"torch.distributed {' / '.join(c.torch_name for c in TABLE.values())} on "
+            "new_group of the same ranks in fourd's group order, backend fourd "
+            "(fourd.distributed): fourd's auto on the group's fourd communicator",
+        }
 
 
 def quiet_torch_warnings():

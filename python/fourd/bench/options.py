@@ -22,7 +22,10 @@ from .report import plural
 
 # Names are fourd's (fourd._C); the benchmark adds its own baselines and the CLI spellings below.
 DTYPES = _C.DTYPES
-BASELINES = ("mpi", "torch")
+# torch-fourd is torch.distributed on fourd's own backend (fourd.distributed): measured when
+# asked for (a name, or all), since it times fourd against itself through torch's API.
+BASELINES = ("mpi", "torch", "torch-fourd")
+DEFAULT_BASELINES = ("mpi", "torch")
 # nccl-tests' name for int8, which fourd's parser does not take (fourd._C.parse_dtype takes the
 # other spellings: float, double, half, bf16, int, ...).
 
@@ -94,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Benchmark fourd's collectives on a 4D process grid, nccl-tests style: time, algbw, "
             "busbw and #wrong per size, out-of-place and in-place, next to MPI (mpi4py) and "
-            "torch.distributed (gloo) on the same ranks, with the physical bound per row. "
+            "torch.distributed (gloo; with --baseline torch-fourd also on fourd's own backend) "
+            "on the same ranks, with the physical bound per row. "
             "Run it under MPI: mpiexec -n 4 python -m mpi4py -m fourd.bench"
         ),
         add_help=False,
@@ -285,7 +289,9 @@ def _add_what(p) -> None:
         "--baseline",
         default=None,
         metavar="NAMES",
-        help="mpi, torch, a comma list, or none (default: every one installed)",
+        help="mpi, torch (torch.distributed on gloo), torch-fourd (torch.distributed on "
+        "fourd's backend, fourd.distributed), a comma list, all, or none (default: mpi and "
+        "torch, each where installed)",
     )
 
 
@@ -786,7 +792,7 @@ def _baselines(text: str | None) -> list[str]:
         return []
     baselines = _choose(
         text, "--baseline", BASELINES + ("none",), _baseline, all_value=BASELINES
-    ) or list(BASELINES)
+    ) or list(DEFAULT_BASELINES)
     if "none" in baselines:
         raise UsageError(f"--baseline: 'none' cannot be combined with other names; found {text!r}")
     return baselines

@@ -2,10 +2,12 @@
 (report.py computes the figures; nothing here communicates).
 
 A table has the left columns once, then an out-of-place and an in-place block. A block has one
-ratio column per baseline measured in the same pass as the fourd cells (`vs mpi`); the torch
-baseline runs in a pass of its own after every other cell (runner.py says why), so its lines
-come in a table of their own, whose ratio column is `auto vs`: t_torch / t_auto at the same
-size and placement. A ratio made from a cell that stalled (report.stalled) is marked `?`.
+ratio column per baseline measured in the same pass as the fourd cells whose ratio the fourd
+lines carry (`vs mpi`), and with torch-fourd a `vs fourd` column on its own line:
+t_torch-fourd / t_auto. The torch (gloo) baseline runs in a pass of its own after every other
+cell (runner.py says why), so its lines come in a table of their own, whose ratio column is
+`auto vs`: t_torch / t_auto at the same size and placement. A ratio made from a cell that
+stalled (report.stalled) is marked `?`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,17 @@ from __future__ import annotations
 import sys
 
 from .collectives import TABLE
-from .report import AUTO_MARGIN, LIBRARIES, STALL_RATIO, fmt_size, plural, series_label, stalled
+from .report import (
+    AUTO_MARGIN,
+    LIBRARIES,
+    RATIO_BASELINES,
+    STALL_RATIO,
+    VERSUS_FOURD,
+    fmt_size,
+    plural,
+    series_label,
+    stalled,
+)
 
 ALGO_SHORT = {"hierarchical": "hier"}  # inside auto(...), where several names share the column
 ALG_WIDTH = 11  # the algorithm column at its narrowest
@@ -175,21 +187,33 @@ def _ratios(impl, in_place: bool, cells: dict, group: list, libs: list, versus) 
     """(value, stalled) of each ratio column of one placement of a line."""
     rec = cells.get(in_place)
     if versus is not None:  # the torch pass: the baseline against auto's cell
-        auto = versus.get(in_place)
-        if impl.library == "fourd" or not isinstance(rec, dict) or not isinstance(auto, dict):
-            return [(None, None)]
-        value = rec["time_us"] / auto["time_us"] if auto["time_us"] > 0 else None
-        return [(value, stalled(rec) or stalled(auto))]
-    if impl.library != "fourd" or not isinstance(rec, dict):
+        return [_over_auto(impl, rec, versus.get(in_place))]
+    if impl.library not in ("fourd", VERSUS_FOURD) or not isinstance(rec, dict):
         return [(None, None)] * len(libs)
-    out = []
-    for lib in libs:
-        other = next(
-            (c.get(in_place) for i, c in group if i.library == lib and isinstance(c, dict)), None
-        )
-        value = rec.get(f"ratio_vs_{lib}")
-        out.append((value, bool(value is not None and (stalled(rec) or _stalled(other)))))
-    return out
+    return [_column(impl, in_place, rec, group, lib) for lib in libs]
+
+
+def _over_auto(impl, rec, auto) -> tuple:
+    """(t_baseline / t_auto, stalled) of a baseline's line in the torch pass."""
+    if impl.library == "fourd" or not isinstance(rec, dict) or not isinstance(auto, dict):
+        return (None, None)
+    value = rec["time_us"] / auto["time_us"] if auto["time_us"] > 0 else None
+    return (value, stalled(rec) or stalled(auto))
+
+
+def _column(impl, in_place: bool, rec: dict, group: list, lib: str) -> tuple:
+    """(value, stalled) of the column `vs lib` on the line of `impl`: a fourd line's ratio to
+    a baseline, the torch-fourd line's vs fourd (against auto's cell); (None, None) in the
+    column of another kind of line."""
+    if (impl.library == VERSUS_FOURD) != (lib == "fourd"):
+        return (None, None)
+    lib_of, alg = ("fourd", "auto") if lib == "fourd" else (lib, None)  # the other cell's
+    other = next(
+        (c.get(in_place) for i, c in group if i.library == lib_of and alg in (None, i.algorithm)),
+        None,
+    )
+    value = rec.get(f"ratio_vs_{lib}")
+    return (value, bool(value is not None and (stalled(rec) or _stalled(other))))
 
 
 def _stalled(row) -> bool:
@@ -236,7 +260,9 @@ def print_summary(pr: Printer, summary: dict, duration: float, skipped_count: in
 
 
 def _print_per_algorithm(pr: Printer, per: list) -> None:
-    libs = [lib for lib in LIBRARIES[1:] if any(s["library"] == lib for s in per)]
+    libs = [lib for lib in RATIO_BASELINES if any(s["library"] == lib for s in per)]
+    if any(s["library"] == VERSUS_FOURD for s in per):
+        libs.append("fourd")  # filled on the torch-fourd line: t_torch-fourd / t_auto
     pr.line(
         "# Summary: avg busbw over sizes, out-of-place and in-place; avg eff = bound / time"
         + ("; vs = geometric mean of t_baseline / t_fourd (> 1: fourd faster)" if libs else ""),

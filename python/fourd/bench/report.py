@@ -13,9 +13,11 @@ import json
 import math
 
 SCHEMA = "fourd.bench"
-SCHEMA_VERSION = 5  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning;
+SCHEMA_VERSION = 6  # 2: rows gained rounds and round_times_us (--rounds); 3: auto_tuning;
 #                     4: auto_choices; 5: progress, the summary's verdict and wall_s, the
-#                     bandwidth's latency_s, baselines.torch.latency_s, environment.load_average
+#                     bandwidth's latency_s, baselines.torch.latency_s, environment.load_average;
+#                     6: the torch-fourd library, ratio_vs_fourd (rows, per_algorithm),
+#                     baselines.torch-fourd, the torch baselines' default_group
 
 # Every row carries these keys (None where a value does not apply), in this order in the CSV.
 ROW_FIELDS = (
@@ -56,6 +58,7 @@ ROW_FIELDS = (
     ("auto_choices", (list, type(None))),
     ("ratio_vs_mpi", (float, type(None))),
     ("ratio_vs_torch", (float, type(None))),
+    ("ratio_vs_fourd", (float, type(None))),
     ("times_us", list),
     ("round_times_us", list),
 )
@@ -82,7 +85,12 @@ TOP_FIELDS = (
     ("progress", dict),
 )
 PROGRESS_STATES = ("running", "complete", "interrupted")
-LIBRARIES = ("fourd", "mpi", "torch")
+LIBRARIES = ("fourd", "mpi", "torch", "torch-fourd")
+# The baselines whose ratio a fourd row carries (ratio_vs_<library>: t_baseline / t_fourd).
+RATIO_BASELINES = ("mpi", "torch")
+# The baseline whose rows carry their own ratio, ratio_vs_fourd: t_row / t_auto (fourd's auto
+# cell of the same size and placement), as the others' t_baseline / t_fourd.
+VERSUS_FOURD = "torch-fourd"
 
 
 def validate(doc) -> list[str]:
@@ -510,6 +518,9 @@ def _per_algorithm(rows: list) -> list:
                 else None,
                 "ratio_vs_torch": geomean([r["ratio_vs_torch"] for r in sel])
                 if lib == "fourd"
+                else None,
+                "ratio_vs_fourd": geomean([r["ratio_vs_fourd"] for r in sel])
+                if lib == VERSUS_FOURD
                 else None,
             }
         )

@@ -37,7 +37,7 @@ from . import bounds, check
 from .collectives import TABLE, Collective
 from .libraries import Buffers
 from .printer import algorithm_width
-from .report import fmt_size
+from .report import RATIO_BASELINES, VERSUS_FOURD, fmt_size
 from .stop import Stopped, signal_name
 
 TARGET_S = 0.05  # adaptive iterations: about this much timed work per row ...
@@ -256,18 +256,19 @@ class Runner:
             t0 = time.perf_counter()
             call()
             est = time.perf_counter() - t0
-        if impl.library == "fourd" and impl.algorithm == "auto":
-            est = self._wait_for_tuning(axis, bufs, in_place, call, est)
+        where = impl.tuned_axis(axis)
+        if where is not None:
+            est = self._wait_for_tuning(where, bufs, in_place, call, est)
         return est
 
-    def _wait_for_tuning(self, axis, bufs, in_place, call, est: float) -> float:
+    def _wait_for_tuning(self, where, bufs, in_place, call, est: float) -> float:
         """Tuning in use (docs/algorithms.md): the first calls of a size run auto's shortlist
         in turn; auto is measured once they have settled, as in a training run's later steps.
-        How many calls that took is in the row's auto_tuning."""
+        How many calls that took is in the row's auto_tuning. `where`: the axis argument of
+        the calls' tuning (an axis name; the group's Subgroup for torch-fourd, whose calls
+        run auto on the fourd communicator of its torch group)."""
         nbytes = bufs.count * ITEMSIZE[bufs.dtype]
-        ex = self.grid.explain(
-            bufs.collective, nbytes, axis.name, dtype=bufs.dtype, in_place=in_place
-        )
+        ex = self.grid.explain(bufs.collective, nbytes, where, dtype=bufs.dtype, in_place=in_place)
         if ex["forced_by_env"] or ex["set_by_plan"]:
             return est
         # An explicit -w bounds this wait too: the user asked for that many untimed calls.
@@ -276,9 +277,7 @@ class Runner:
         # The tuning's state alone on each call (Grid.tuning): Grid.explain prices every
         # candidate, too slow to ask between calls.
         for i in range(limit + 1):
-            state = self.grid.tuning(bufs.collective, nbytes, axis.name, bufs.dtype, in_place)[
-                "state"
-            ]
+            state = self.grid.tuning(bufs.collective, nbytes, where, bufs.dtype, in_place)["state"]
             if state in _SETTLED or i == limit:
                 break
             t0 = time.perf_counter()
@@ -492,7 +491,7 @@ class Runner:
         """The rows of one (collective, axis) table for `impls`, printed as they come; returns
         them for the torch pass (`later`)."""
         info = self.axis_info[axis.mask]
-        ratio_libs = [b.library for b in impls if b.library != "fourd"]
+        ratio_libs = ratio_columns(impls)
         self.printer.table_header(coll.name, axis, info, [f"vs {lib}" for lib in ratio_libs])
         pending = []
         for dtype, op in self._variants(coll, axis):
@@ -775,13 +774,16 @@ class Runner:
         group, new = row.group, row.group[row.finished :]
         row.finished = len(group)
         # Ratios: baseline time / fourd time, same placement (>1: fourd is faster); a baseline
-        # measured in a later pass fills its ratio into the fourd rows already recorded.
+        # measured in a later pass fills its ratio into the fourd rows already recorded. A
+        # torch-fourd row carries its own: its time over auto's (ratio_vs_fourd).
         for impl, cells in group:
-            if impl.library != "fourd":
-                continue
             for in_place, rec in cells.items():
-                if isinstance(rec, dict):
+                if not isinstance(rec, dict):
+                    continue
+                if impl.library == "fourd":
                     self._ratios(group, in_place, rec)
+                elif impl.library == VERSUS_FOURD:
+                    rec["ratio_vs_fourd"] = _over_auto(group, in_place, rec)
         for _impl, cells in new:
             for in_place in (False, True):
                 rec = cells.get(in_place)
@@ -795,6 +797,8 @@ class Runner:
 
     def _ratios(self, group: list, in_place: bool, rec: dict) -> None:
         for b in self.baselines:
+            if b.library not in RATIO_BASELINES:
+                continue
             other = next((c.get(in_place) for i, c in group if i is b), None)
             r = None
             if isinstance(other, dict) and rec["time_us"] > 0:
@@ -839,10 +843,29 @@ class Runner:
             "predicted_us": None,
             "ratio_vs_mpi": None,
             "ratio_vs_torch": None,
+            "ratio_vs_fourd": None,
         }
         if impl.library == "fourd":
             _auto_fields(rec, impl, explained)
         return rec
+
+
+def ratio_columns(impls) -> list[str]:
+    """The ratio columns of a table of `impls`: one per baseline whose ratio the fourd lines
+    carry (vs mpi), then vs fourd on the torch-fourd line."""
+    libs = [i.library for i in impls]
+    return [b for b in libs if b in RATIO_BASELINES] + (["fourd"] if VERSUS_FOURD in libs else [])
+
+
+def _over_auto(group: list, in_place: bool, rec: dict) -> float | None:
+    """A row's time over the time of fourd's auto cell of the same size and placement."""
+    auto = next(
+        (c.get(in_place) for i, c in group if i.library == "fourd" and i.algorithm == "auto"),
+        None,
+    )
+    if isinstance(auto, dict) and auto["time_us"] > 0:
+        return rec["time_us"] / auto["time_us"]
+    return None
 
 
 def _auto_fields(rec: dict, impl, explained: dict) -> None:

@@ -20,6 +20,9 @@ from .printer import Printer
 from .progress import Progress
 
 PROG = "python -m fourd.bench"
+# The baselines that run on torch.distributed, and the backend each one names.
+TORCH_BACKENDS = {"torch": "gloo", "torch-fourd": "fourd"}
+TORCH_BASELINES = tuple(TORCH_BACKENDS)
 
 
 @dataclass
@@ -48,7 +51,7 @@ class Session:
     axis_info: dict = field(default_factory=dict)  # axis mask -> topology and bound model
     topo_doc: dict = field(default_factory=dict)  # axis name -> the JSON "topology" entry
     impls: list = field(default_factory=list)  # FourdImpl per algorithm, "auto" first
-    baselines: list = field(default_factory=list)  # MpiImpl / TorchImpl that started
+    baselines: list = field(default_factory=list)  # MpiImpl / TorchImpl / TorchFourdImpl
     base_doc: dict = field(default_factory=dict)  # the JSON "baselines" section
     cleanup: list = field(default_factory=list)  # called at exit
 
@@ -113,8 +116,8 @@ def progress_mode(cfg, rank: int) -> tuple:
 
 
 def _import_torch(s: Session) -> None:
-    """torch, for the torch baseline only; every rank or none (s.torch_errs says why not)."""
-    want_torch = "torch" in s.cfg.baselines
+    """torch, for the torch baselines only; every rank or none (s.torch_errs says why not)."""
+    want_torch = any(n in TORCH_BASELINES for n in s.cfg.baselines)
     torch_err = None
     if want_torch:
         # c10d's C++ warnings (such as reverse DNS of peers in network namespaces) are noise
@@ -212,14 +215,17 @@ def _axis_topology(s: Session, axis) -> tuple[dict, dict]:
 
 
 def _start_implementations(s: Session) -> None:
-    """fourd per algorithm, then the baselines in the order asked for."""
+    """fourd per algorithm, then the baselines in the order asked for (the torch ones, gloo
+    and fourd's backend, start together, at the first of them)."""
     from .libraries import FourdImpl
 
     s.impls = [FourdImpl(s.grid, a, s.cfg.timeout) for a in s.cfg.algorithms]
+    torch_started = False
     for name in s.cfg.baselines:
         if name == "mpi":
             _start_mpi(s)
-        elif name == "torch":
+        elif name in TORCH_BASELINES and not torch_started:
+            torch_started = True
             _start_torch(s)
 
 
@@ -241,34 +247,59 @@ def _start_mpi(s: Session) -> None:
 
 
 def _start_torch(s: Session) -> None:
-    """torch.distributed (gloo), on every rank or on none (agreed by an allgather)."""
-    from .libraries import TorchImpl, quiet_torch_warnings
+    """torch.distributed on gloo (torch) and on fourd's backend (torch-fourd), those asked for,
+    on every rank or on none (agreed by an allgather)."""
+    from .libraries import quiet_torch_warnings
 
+    names = [n for n in s.cfg.baselines if n in TORCH_BASELINES]
     if s.torch_errs:
-        s.base_doc["torch"] = {"available": False, "reason": s.torch_errs[0]}
+        for name in names:
+            s.base_doc[name] = {"available": False, "reason": s.torch_errs[0]}
         return
     quiet_torch_warnings()
-    t = terr = None
+    if "torch-fourd" in names and not _fourd_backend_imports(s):
+        names.remove("torch-fourd")
+    if names:
+        _start_torch_session(s, names)
+
+
+def _start_torch_session(s: Session, names: list) -> None:
+    """The torch session of the baselines `names`; a note when it did not start."""
+    from .libraries import TorchFourdImpl, TorchImpl, TorchSession
+
+    session = terr = None
+    impls = []
     try:
-        t = TorchImpl(s.grid, timeout_s=max(60.0, s.cfg.timeout or 0.0))
-        t.setup(s.world, s.hosts, s.cfg.axes)
+        session = TorchSession(s.grid, timeout_s=max(60.0, s.cfg.timeout or 0.0))
+        impls = [TorchImpl(session) if n == "torch" else TorchFourdImpl(session) for n in names]
+        session.setup(s.world, s.hosts, s.cfg.axes, impls)
     except Exception as e:  # noqa: BLE001 - agreed on below
         terr = f"{type(e).__name__}: {e}"
     terrs = [e for e in s.world.allgather(terr) if e]
     if terrs:
-        s.notes.append(f"torch baseline: torch.distributed (gloo) did not start: {terrs[0]}")
-        if t is not None:
-            t.close()
-        s.base_doc["torch"] = {"available": False, "reason": terrs[0]}
+        backends = ", ".join(TORCH_BACKENDS[n] for n in names)
+        s.notes.append(f"torch baseline: torch.distributed ({backends}) did not start: {terrs[0]}")
+        if session is not None:
+            session.close()
+        for name in names:
+            s.base_doc[name] = {"available": False, "reason": terrs[0]}
         return
-    s.baselines.append(t)
-    s.cleanup.append(t.close)
-    s.base_doc["torch"] = {
-        "available": True,
-        "version": t.version,
-        "backend": "gloo",
-        "store": t.master,
-        "latency_s": t.latency_s,
-        "how": f"torch.distributed {' / '.join(c.torch_name for c in TABLE.values())} on "
-        "new_group of the same ranks (gloo)",
-    }
+    s.baselines.extend(impls)
+    s.cleanup.append(session.close)
+    for impl in impls:
+        s.base_doc[impl.library] = impl.doc()
+
+
+def _fourd_backend_imports(s: Session) -> bool:
+    """Whether fourd.distributed (the backend "fourd") imports on every rank (agreed by an
+    allgather); a note and the JSON say why not."""
+    err = None
+    try:
+        import fourd.distributed  # noqa: F401 - registers the backend
+    except Exception as e:  # noqa: BLE001 - agreed on below
+        err = f"{type(e).__name__}: {e}"
+    errs = [e for e in s.world.allgather(err) if e]
+    if errs:
+        s.notes.append(f"torch-fourd baseline: fourd.distributed did not import: {errs[0]}")
+        s.base_doc["torch-fourd"] = {"available": False, "reason": errs[0]}
+    return not errs
