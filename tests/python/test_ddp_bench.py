@@ -1,0 +1,66 @@
+"""The DDP training-step benchmark (bench/ddp_step.py, python -m fourd.bench.ddp): its command
+line (serial), and a short real run on 2 ranks (a tiny model, 3 steps) whose parameters on
+backend fourd and on gloo agree."""
+
+import json
+import math
+
+import pytest
+
+from fourd.bench import ddp
+from mpirun import run_mpi
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--steps", "0"], "--steps"),
+        (["--width", "0"], "--width"),
+        (["--warmup", "-1"], "--warmup"),
+        (["--lr", "0"], "--lr"),
+        (["--threads", "0"], "--threads"),
+        (["--bucket-cap-mb", "-1"], "--bucket-cap-mb"),
+        (["--rtol", "-1"], "--rtol"),
+        (["--json", "/nonexistent-folder/x.json"], "does not exist"),
+        (["--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_bad_arguments(argv, fragment):
+    with pytest.raises(ddp.UsageError) as e:
+        ddp.parse(argv)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_defaults_make_a_model_where_communication_matters():
+    """33.6 M float32 parameters (134 MB of gradients a step), DDP's own bucket size; every
+    model trains its warm-up and its share of every block."""
+    cfg = ddp.parse([])
+    assert cfg.layers * (cfg.width * cfg.width + cfg.width) == 33_570_816
+    assert cfg.bucket_cap_mb is None and cfg.compute
+    assert cfg.total_steps == cfg.warmup + cfg.blocks * cfg.steps == 53
+
+
+def test_ddp_step_on_two_ranks(tmp_path):
+    """A tiny model, 3 steps on each backend: the parameters agree (on two ranks a + b is the
+    same sum whichever backend adds, so exactly), and the JSON holds the command, the step
+    times of every model and their ratio."""
+    jp = tmp_path / "ddp.json"
+    argv = ["bench/ddp_step.py", "--layers", "2", "--width", "32", "--batch", "4"]
+    argv += ["--warmup", "0", "--steps", "3", "--blocks", "1", "--json", str(jp)]
+    r = run_mpi(2, argv, timeout=300, env={"FOURD_CALIBRATE": "0"})
+    out = r.stdout
+    assert "# parameters after 3 steps, fourd vs gloo: max |diff| 0," in out, out[-3000:]
+    assert "agree within rtol 0.0001, atol 1e-06" in out, out[-3000:]
+    assert "# gloo / fourd: " in out and f"# wrote {jp}" in out, out[-3000:]
+    doc = json.loads(jp.read_text())
+    assert doc["schema"] == "fourd.bench.ddp" and doc["ok"] is True
+    assert "bench/ddp_step.py --layers 2" in doc["command"] and doc["world_size"] == 2
+    assert set(doc["backends"]) == {"fourd", "gloo", "compute"}
+    for s in doc["backends"].values():
+        assert s["steps"] == 3 and len(s["step_ms"]) == 3
+        assert 0 < s["min_ms"] <= s["median_ms"] <= s["max_ms"], s
+    assert doc["ratio_gloo_over_fourd"] > 0
+    assert doc["model"]["parameters"] == 2 * (32 * 32 + 32)
+    p = doc["parameters"]
+    assert p["agree"] and p["max_abs_diff"] == 0.0 and p["compared_after_steps"] == 3, p
+    assert all(math.isfinite(v) for v in doc["final_loss"].values())
