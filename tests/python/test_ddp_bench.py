@@ -17,6 +17,7 @@ from mpirun import run_mpi
         (["--steps", "0"], "--steps"),
         (["--width", "0"], "--width"),
         (["--warmup", "-1"], "--warmup"),
+        (["--settle", "-1"], "--settle"),
         (["--lr", "0"], "--lr"),
         (["--threads", "0"], "--threads"),
         (["--bucket-cap-mb", "-1"], "--bucket-cap-mb"),
@@ -33,11 +34,11 @@ def test_bad_arguments(argv, fragment):
 
 def test_defaults_make_a_model_where_communication_matters():
     """33.6 M float32 parameters (134 MB of gradients a step), DDP's own bucket size; every
-    model trains its warm-up and its share of every block."""
+    model times its share of every block, after at most 150 settling steps."""
     cfg = ddp.parse([])
     assert cfg.layers * (cfg.width * cfg.width + cfg.width) == 33_570_816
     assert cfg.bucket_cap_mb is None and cfg.compute
-    assert cfg.total_steps == cfg.warmup + cfg.blocks * cfg.steps == 53
+    assert cfg.timed_steps == cfg.blocks * cfg.steps == 50 and cfg.settle == 150
 
 
 def test_ddp_step_on_two_ranks(tmp_path):
@@ -46,7 +47,8 @@ def test_ddp_step_on_two_ranks(tmp_path):
     times of every model and their ratio."""
     jp = tmp_path / "ddp.json"
     argv = ["bench/ddp_step.py", "--layers", "2", "--width", "32", "--batch", "4"]
-    argv += ["--warmup", "0", "--steps", "3", "--blocks", "1", "--json", str(jp)]
+    argv += ["--warmup", "0", "--settle", "0", "--steps", "3", "--blocks", "1"]
+    argv += ["--json", str(jp)]
     r = run_mpi(2, argv, timeout=300, env={"FOURD_CALIBRATE": "0"})
     out = r.stdout
     assert "# parameters after 3 steps, fourd vs gloo: max |diff| 0," in out, out[-3000:]
@@ -64,3 +66,28 @@ def test_ddp_step_on_two_ranks(tmp_path):
     p = doc["parameters"]
     assert p["agree"] and p["max_abs_diff"] == 0.0 and p["compared_after_steps"] == 3, p
     assert all(math.isfinite(v) for v in doc["final_loss"].values())
+    assert doc["fourd_tuning"]["steps"] == 0, doc["fourd_tuning"]
+
+
+@pytest.mark.parametrize("tune", ["0", "1"])
+def test_the_timed_steps_wait_for_fourds_tuning(tmp_path, tune):
+    """Untimed steps of both DDP models until fourd's tuning of each bucket size has settled:
+    with tuning off that is as soon as DDP has rebuilt its buckets (2 steps); a bucket of a few
+    KiB explores every algorithm over hundreds of calls, one a step, so 3 steps leave it
+    exploring, and the run says so. Either way both models took the same steps and agree."""
+    jp = tmp_path / "ddp.json"
+    argv = ["bench/ddp_step.py", "--layers", "2", "--width", "32", "--batch", "4"]
+    argv += ["--warmup", "0", "--settle", "3", "--steps", "2", "--blocks", "1", "--no-compute"]
+    argv += ["--json", str(jp)]
+    r = run_mpi(2, argv, timeout=300, env={"FOURD_CALIBRATE": "0", "FOURD_TUNE": tune})
+    doc = json.loads(jp.read_text())
+    t = doc["fourd_tuning"]
+    if tune == "0":
+        assert t["settled"] and t["steps"] == 2 and set(t["states"].values()) == {"off"}, t
+        assert "2 more (DDP models) until fourd's tuning settled" in r.stdout, r.stdout[-2000:]
+    else:
+        assert not t["settled"] and t["steps"] == 3, t
+        assert "fourd's tuning NOT settled" in r.stdout, r.stdout[-2000:]
+    assert list(t["states"]) == [str(2 * (32 * 32 + 32) * 4)], t
+    assert doc["parameters"]["compared_after_steps"] == t["steps"] + 2, doc["parameters"]
+    assert doc["steps_per_model"] == t["steps"] + 2 and doc["ok"], doc["parameters"]

@@ -42,7 +42,7 @@ from .report import plural
 
 PROG = "python -m fourd.bench.ddp"
 SCHEMA = "fourd.bench.ddp"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: fourd_tuning, the settling steps
 BACKENDS = ("fourd", "gloo")  # the DDP models compared, in the first block's order
 COMPUTE = "compute"  # the model alone, no DDP: no communication
 
@@ -84,6 +84,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("steps")
     s.add_argument("--warmup", type=int, default=3, help="untimed steps per model (default 3)")
     s.add_argument(
+        "--settle",
+        type=int,
+        default=150,
+        metavar="N",
+        help="after the warm-up, more untimed steps (of both DDP models, so that they stay "
+        "in step) until fourd's tuning of every gradient bucket's size has settled, at most "
+        "N (default 150; 0: none). The timed steps are then a later step of training, as "
+        "the collective benchmark times auto",
+    )
+    s.add_argument(
         "--steps", type=int, default=10, help="timed steps per model and block (default 10)"
     )
     s.add_argument("--blocks", type=int, default=5, help="blocks of timed steps (default 5)")
@@ -123,6 +133,7 @@ class Config:
     seed: int
     bucket_cap_mb: float | None
     warmup: int
+    settle: int
     steps: int
     blocks: int
     compute: bool
@@ -133,9 +144,9 @@ class Config:
     json: str | None
 
     @property
-    def total_steps(self) -> int:
-        """Steps each model trains: its warm-up, then its share of every block."""
-        return self.warmup + self.blocks * self.steps
+    def timed_steps(self) -> int:
+        """Timed steps of each model: its share of every block."""
+        return self.blocks * self.steps
 
 
 def parse(argv: list[str]) -> Config:
@@ -144,8 +155,9 @@ def parse(argv: list[str]) -> Config:
     for name in ("layers", "width", "batch", "steps", "blocks"):
         if getattr(a, name) < 1:
             raise UsageError(f"--{name}: expected at least 1; found {getattr(a, name)}")
-    if a.warmup < 0:
-        raise UsageError(f"--warmup: expected 0 or more steps; found {a.warmup}")
+    for name in ("warmup", "settle"):
+        if getattr(a, name) < 0:
+            raise UsageError(f"--{name}: expected 0 or more steps; found {getattr(a, name)}")
     if a.threads is not None and a.threads < 1:
         raise UsageError(f"--threads: expected at least 1; found {a.threads}")
     for name in ("lr", "timeout"):
@@ -166,6 +178,7 @@ def parse(argv: list[str]) -> Config:
         seed=a.seed,
         bucket_cap_mb=a.bucket_cap_mb,
         warmup=a.warmup,
+        settle=a.settle,
         steps=a.steps,
         blocks=a.blocks,
         compute=not a.no_compute,
@@ -251,18 +264,71 @@ def trainees(torch, dist, cfg: Config) -> list[Trainee]:
     return out
 
 
-def run_steps(torch, world, cfg: Config, models: list[Trainee]) -> None:
-    """Every model's warm-up, then the blocks: each model's timed steps in turn, the order
-    reversed from one block to the next; a barrier before each model's turn, so that every
-    rank starts it together."""
+SETTLED = ("settled", "single", "off")  # tuning states in which auto runs one algorithm
+
+
+def bucket_sizes(ddp) -> list[int]:
+    """The bytes of each of DDP's gradient buckets: once DDP has rebuilt them (after its first
+    steps, in the order the gradients became ready), those; before that, the initial ones."""
+    data = ddp._get_ddp_logging_data()
+    text = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(v) for v in str(text).replace(",", " ").split()]
+
+
+def tuning_states(dist, ddp) -> dict[int, str]:
+    """fourd's tuning state of the in-place float32 all_reduce of each bucket size on DDP's
+    group (fourd.explain); {} when the group is not fourd's."""
+    import fourd
+
+    axis = getattr(getattr(dist.group, "WORLD", None), "fourd_axis", None)
+    if axis is None:
+        return {}
+    return {
+        n: fourd.explain("all_reduce", n, axis, in_place=True)["tuning"]["state"]
+        for n in sorted(set(bucket_sizes(ddp)))
+    }
+
+
+def settle(torch, dist, world, cfg: Config, by: dict) -> dict:
+    """Untimed steps of both DDP models, in turn, until fourd's tuning of every bucket size
+    has settled (checked on every rank, agreed with a MIN), at most cfg.settle: what a run
+    sees after its first steps. The gloo model takes the same steps, so that the two still
+    train on the same batches and their parameters can be compared at the end."""
+    from mpi4py import MPI
+
+    rank, steps = world.Get_rank(), 0
+    states = tuning_states(dist, by["fourd"].model)
+    while steps < cfg.settle:
+        done = all(s in SETTLED for s in states.values()) and by["fourd"].step > 1
+        if world.allreduce(int(done), op=MPI.MIN):
+            break
+        for name in ("fourd", "gloo"):
+            by[name].train(torch, cfg, rank, 1, timed=False)
+        steps += 1
+        states = tuning_states(dist, by["fourd"].model)
+    return {
+        "max_steps": cfg.settle,
+        "steps": steps,
+        "settled": all(s in SETTLED for s in states.values()),
+        "states": {str(n): s for n, s in states.items()},
+    }
+
+
+def run_steps(torch, dist, world, cfg: Config, models: list[Trainee]) -> dict:
+    """Every model's warm-up, the settling steps, then the blocks: each model's timed steps
+    in turn, the order reversed from one block to the next; a barrier before each model's
+    turn, so that every rank starts it together. Returns what settle() found."""
     rank = world.Get_rank()
     for m in models:
         world.Barrier()
         m.train(torch, cfg, rank, cfg.warmup, timed=False)
+    world.Barrier()
+    tuning = settle(torch, dist, world, cfg, {m.name: m for m in models})
     for b in range(cfg.blocks):
         for m in models if b % 2 == 0 else models[::-1]:
             world.Barrier()
             m.train(torch, cfg, rank, cfg.steps, timed=True)
+    return tuning
 
 
 # ---- what the run found ---------------------------------------------------------------------
@@ -402,7 +468,7 @@ def run(cfg: Config, world) -> dict:
     dist.init_process_group("fourd", timeout=datetime.timedelta(seconds=cfg.timeout))
     try:
         models = trainees(torch, dist, cfg)
-        run_steps(torch, world, cfg, models)
+        tuning = run_steps(torch, dist, world, cfg, models)
         stats = gathered_stats(world, models)
         by = {m.name: m for m in models}
         params = compare_parameters(
@@ -417,7 +483,8 @@ def run(cfg: Config, world) -> dict:
             "args": {k: v for k, v in vars(cfg).items() if k != "argv"},
             "environment": _environment(torch, world, threads),
             "model": _model_doc(cfg, by["fourd"].module),
-            "steps_per_model": cfg.total_steps,
+            "steps_per_model": by["fourd"].step,
+            "fourd_tuning": tuning,
             "timing": "per step: the slowest rank's time of zero_grad + forward + backward "
             "(DDP's all-reduce of the gradients' buckets, waited for) + SGD step; timed steps "
             "in blocks alternating between the models, a barrier before each model's turn",
@@ -426,13 +493,20 @@ def run(cfg: Config, world) -> dict:
             "ratio_gloo_over_fourd": stats["gloo"]["median_ms"] / stats["fourd"]["median_ms"],
             "communication_ms": communication_ms(stats),
             "final_loss": {m.name: m.loss for m in models},
-            "parameters": {"compared_after_steps": cfg.total_steps, **params},
+            "parameters": {"compared_after_steps": by["fourd"].step, **params},
         }
     finally:
         dist.destroy_process_group()
     doc["duration_s"] = round(time.perf_counter() - t0, 3)
     doc["ok"] = doc["parameters"]["agree"]
     return doc
+
+
+def _settled_text(t: dict) -> str:
+    sizes = ", ".join(f"{int(n) / 2**20:.1f} MiB {s}" for n, s in t["states"].items())
+    if t["settled"]:
+        return f"{t['steps']} more (DDP models) until fourd's tuning settled ({sizes})"
+    return f"{t['steps']} more (DDP models), fourd's tuning NOT settled ({sizes})"
 
 
 def report(doc: dict) -> str:
@@ -446,7 +520,8 @@ def report(doc: dict) -> str:
         f"# model: {m['description']}, {m['parameters']:,} parameters "
         f"({m['bytes'] / 1e6:.1f} MB float32); batch {m['batch_per_rank']} per rank; "
         f"{m['optimizer']}; DDP bucket_cap_mb {m['bucket_cap_mb']:g} ({m['bucket_cap_mb_source']})",
-        f"# steps: {doc['args']['warmup']} untimed, then {doc['args']['blocks']} blocks x "
+        f"# steps: {doc['args']['warmup']} untimed, {_settled_text(doc['fourd_tuning'])}, "
+        f"then {doc['args']['blocks']} blocks x "
         f"{doc['args']['steps']} timed steps per model, in turn: {', '.join(st)}, then the "
         "reverse, block by block",
         f"# {doc['timing']}",
