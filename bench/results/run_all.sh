@@ -75,6 +75,21 @@ done
 run default_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.bench -R 3 \
   --json $OUT/default_np4.json --plot $OUT/default_np4.png
 
+# torch.distributed on backend fourd next to fourd, MPI and gloo: 1-64 MiB on 4 ranks, and the
+# per-call overhead at 8 B on 2 ranks.
+run torch_fourd_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py -m fourd.bench --grid x=4 --ranks-per-node 4 \
+  --axis world --collective all_reduce -d float -b 1M -e 64M -f 2 -R 5 --algorithm auto \
+  --baseline all --json $OUT/torch_fourd_np4.json --csv $OUT/torch_fourd_np4.csv \
+  --plot $OUT/torch_fourd_np4.png
+run torch_fourd_overhead_8B_np2 "$MPIEXEC" -n 2 "$PY" -m mpi4py -m fourd.bench --grid x=2 \
+  --ranks-per-node 2 --axis world --collective all_reduce -d float -b 8 -e 8 -R 11 \
+  --algorithm auto --baseline all --json $OUT/torch_fourd_overhead_8B_np2.json
+
+# A DDP training step, backend fourd against gloo: one node, then the 2 x 2 cluster (root).
+run ddp_np4 "$MPIEXEC" -n 4 "$PY" -m mpi4py bench/ddp_step.py --json $OUT/ddp_np4.json
+run ddp_cluster_2x2 bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --rate 4gbit \
+  --python "$PY" -- python -m mpi4py bench/ddp_step.py --json $OUT/ddp_cluster_2x2.json
+
 # Emulated clusters (root), 4 Gbit/s per node link: 2 nodes x 2 ranks, 2 nodes x 3 ranks (and
 # 4 nodes x 2 ranks last, below).
 for shape in 2x2 2x3; do
