@@ -1,0 +1,1 @@
+FOURD_CALIBRATE=force .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m fourd.bench --grid x=4 --ranks-per-node 4 --axis world --collective all_reduce -d float -b 1M -e 64M -f 2 -R 11 --algorithm auto --baseline all --json bench/results/torch_fourd_np4_r11.json
