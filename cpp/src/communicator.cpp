@@ -112,6 +112,26 @@ Communicator::Explanation Communicator::explain(Collective c, size_t nbytes, Dat
   return {std::move(e.candidates), e.choice, std::move(e.source)};
 }
 
+Communicator::CompressionChoice Communicator::compression(Collective c, size_t nbytes,
+                                                          DataType dtype, DeviceType device,
+                                                          const std::string& requested) const {
+  const CallShape call{c, nbytes, dtype, false, device, countOf(nbytes, dtype)};
+  const CommState& st = live();
+  const auto choice = st.selector.codec(call, requested, *st.host);
+  CompressionChoice out{choice.spec.none() ? "" : choice.spec.text(), choice.source, "",
+                        choice.note};
+  if (choice.spec.none()) return out;
+  const bool multi = st.host->topology().numNodes > 1;
+  const Algorithm a = st.selector.compressedAlgorithm(Algorithm::kAuto, *st.host);
+  if (a == Algorithm::kHierarchical && multi)
+    out.where = "the rail level of hierarchical (between nodes); the intra-node phases run raw";
+  else
+    out.where = "the whole group (compressed ring)";
+  if (choice.spec.kind == detail::CodecKind::kAuto)
+    out.where += "; auto decides at the first call of a size whether lossless pays";
+  return out;
+}
+
 Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType dtype,
                                           bool inPlace) const {
   Tuning out;
@@ -181,11 +201,20 @@ static void resolve(CommState& s, OpSpec& spec, size_t nbytes, bool inPlace, siz
   spec.call = CallShape{spec.coll, nbytes,         spec.in.dtype,
                         inPlace,   spec.in.device, std::max(spec.in.count, spec.out.count)};
   if (spec.in.device != DeviceType::kCpu) {
+    // An explicit codec on CUDA buffers is refused here, before any communication.
+    if (!spec.opts.compression.empty()) s.selector.codec(spec.call, spec.opts.compression, *s.host);
     spec.algorithm = spec.coll == Collective::kBroadcast ? Algorithm::kFlat : spec.opts.algorithm;
     return;
   }
   spec.algorithm =
       count == 0 ? Algorithm::kFlat : s.selector.select(spec.call, spec.opts.algorithm, *s.host);
+  if (!spec.opts.compression.empty() || !s.selector.policyCodec().none()) {
+    spec.codec = s.selector.codec(spec.call, spec.opts.compression, *s.host).spec;
+    if (count == 0) spec.codec = detail::CodecSpec{};
+    // A codec named (not auto) fixes the algorithm: no tuning of compressed calls.
+    if (!spec.codec.none() && spec.codec.kind != detail::CodecKind::kAuto)
+      spec.algorithm = s.selector.compressedAlgorithm(spec.algorithm, *s.host);
+  }
   if (spec.algorithm == Algorithm::kAuto) spec.profile = s.host->profile();
 }
 

@@ -13,6 +13,7 @@
 
 #include "fourd/error.hpp"
 #include "internal/comm_state.hpp"
+#include "internal/compression.hpp"
 #include "internal/mpi_backend.hpp"
 
 namespace fourd {
@@ -43,14 +44,16 @@ constexpr const char* kAgreedEnvironment[] = {
     "FOURD_ALGORITHM",           "FOURD_TUNE",
     "FOURD_RING_SEGMENT_BYTES",  "FOURD_SHM_BUFFER_BYTES",
     "FOURD_HIERARCHICAL_CHUNKS", "FOURD_HIERARCHICAL_INTRA",
-    "FOURD_HIERARCHICAL_INTER",  "FOURD_CUDA_BACKEND"};
+    "FOURD_HIERARCHICAL_INTER",  "FOURD_CUDA_BACKEND",
+    "FOURD_COMPRESSION"};
 
 std::string describeConfig(const GridConfig& c) {
   std::ostringstream os;
   os << "x=" << c.sizes[0] << ", y=" << c.sizes[1] << ", z=" << c.sizes[2]
      << ", data=" << c.sizes[3] << ", order=" << c.order << ", ranks_per_node="
      << (c.ranksPerNode > 0 ? std::to_string(c.ranksPerNode) : std::string("None"))
-     << (c.debug ? ", FOURD_DEBUG=1" : "");
+     << (c.debug ? ", FOURD_DEBUG=1" : "")
+     << (c.compression.empty() ? "" : ", compression=" + c.compression.substr(0, 256));
   for (const char* name : kAgreedEnvironment) {
     const char* v = std::getenv(name);
     if (v && *v) os << ", " << name << "=" << std::string(v).substr(0, 64);
@@ -138,6 +141,14 @@ std::array<int, kNumAxes> validated(const GridConfig& c, int worldSize, std::str
         "timeout: expected a positive number of seconds, found " + std::to_string(c.timeoutSeconds);
   }
   if (err->empty()) *err = environmentError();
+  if (err->empty()) {
+    try {
+      detail::parsePolicy(c.compression, "compression");
+      detail::parsePolicy(detail::effectivePolicyText(""), "FOURD_COMPRESSION");
+    } catch (const InvalidArgument& e) {
+      *err = e.what();
+    }
+  }
   return c.sizes;
 }
 
@@ -311,6 +322,12 @@ std::unique_ptr<detail::CommState> Grid::newState(const std::string& name, AxisM
   state->defaultTimeout = config_.timeoutSeconds;
   state->debug = config_.debug;
   state->abortOnTimeout = config_.abortOnTimeout;
+  if (mask != 0) {  // axis groups follow the grid's compression policy; subgroups do not
+    const bool env = detail::effectivePolicyText("") != "";
+    const auto policy = detail::parsePolicy(detail::effectivePolicyText(config_.compression));
+    state->selector.setPolicyCodec(detail::policyCodec(policy, name),
+                                   env ? "FOURD_COMPRESSION" : "policy");
+  }
   return state;
 }
 

@@ -2,12 +2,16 @@
 // algorithm, on the thread that runs it.
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include <mpi.h>
 
+#include "algorithms/levels.hpp"
 #include "fourd/error.hpp"
 #include "internal/comm_state.hpp"
+#include "internal/compression.hpp"
 #include "internal/device_path.hpp"
 #include "internal/op_spec.hpp"
 #include "internal/reduce_kernels.hpp"
@@ -19,6 +23,7 @@ namespace {
 // What every rank of a group compares in debug mode.
 struct Fingerprint {
   char op[24];
+  char codec[32];
   uint32_t mask;
   int32_t dtype;
   int32_t redop;
@@ -35,14 +40,16 @@ std::string fingerprintText(const Fingerprint& f, const std::string& axis) {
      << toString(static_cast<DataType>(f.dtype));
   if (f.redop >= 0) os << ", op " << toString(static_cast<ReduceOp>(f.redop));
   if (f.root >= 0) os << ", src " << f.root;
-  os << ", algorithm " << algorithmName(static_cast<Algorithm>(f.algorithm)) << ", seq " << f.seq
-     << ")";
+  os << ", algorithm " << algorithmName(static_cast<Algorithm>(f.algorithm));
+  if (f.codec[0]) os << ", compression " << f.codec;
+  os << ", seq " << f.seq << ")";
   return os.str();
 }
 
 Fingerprint fingerprintOf(const CommState& s, const OpSpec& spec) {
   Fingerprint f{};
   std::snprintf(f.op, sizeof(f.op), "%s", spec.opName);
+  if (!spec.codec.none()) std::snprintf(f.codec, sizeof(f.codec), "%s", spec.codec.text().c_str());
   f.mask = s.mask;
   f.dtype =
       static_cast<int32_t>(spec.coll == Collective::kBroadcast ? spec.out.dtype : spec.in.dtype);
@@ -89,8 +96,71 @@ void debugCheck(CommState& s, const OpSpec& spec, OpContext& ctx) {
 
 // float16 / bfloat16 with accumulate_fp32 (host memory): partial sums stay float32 across
 // every step of the algorithm; rounded once at the end.
-void runWidened(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
+// The codec of `spec` for elements of `t`, made once per process and kept (codecs hold no
+// per-call state).
+const Codec& cachedCodec(const CodecSpec& spec, DataType t) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int>, std::unique_ptr<Codec>> codecs;
+  std::lock_guard<std::mutex> lk(mu);
+  auto& c = codecs[{spec.text(), static_cast<int>(t)}];
+  if (!c) c = makeCodec(spec, t);
+  return *c;
+}
+
+// A compressed call on the whole group: the compressed ring (codec_ring.cpp).
+void runWholeGroupCompressed(Group& g, Collective coll, const Codec& c, const Buffer& in,
+                             const Buffer& out, ReduceOp op, OpContext& ctx) {
+  const size_t es = dataTypeSize(in.dtype);
+  Schedule s(g.backend(), ctx.tag);
+  if (coll == Collective::kAllReduce) {
+    void* scratch = g.scratch(0, codecRingAllReduceScratch(c, in.count, g.size(), es));
+    codecRingAllReduce(s, c, in.data, out.data, in.count, in.dtype, op, scratch);
+  } else if (coll == Collective::kAllGather) {
+    const Buffer mine = out.slice(in.count * g.rank(), in.count);
+    if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
+    const Blocks B = Blocks::uniform(in.count, g.size());
+    codecRingAllGather(s, c, out.data, B, in.dtype,
+                       g.scratch(0, codecRingAllGatherScratch(c, B, es)));
+  } else {
+    const Blocks B = Blocks::uniform(out.count, g.size());
+    void* scratch = g.scratch(0, codecRingReduceScatterScratch(c, B, es));
+    codecRingReduceScatter(s, c, in.data, out.data, B, in.dtype, op, scratch);
+  }
+  s.run(ctx);
+}
+
+// One collective with algorithm `a` on `g`, compressed when `codec` names a codec:
+// "hierarchical" on a group spanning nodes compresses its rail level, anything else runs the
+// compressed ring on the whole group (internal/compression.hpp).
+void runImpl(Group& g, Collective coll, Algorithm a, const Buffer& in, const Buffer& out,
+             ReduceOp op, const CodecSpec& codec, OpContext& ctx) {
   const auto* impl = algorithmImpl(a);
+  if (!codec.none()) {
+    const Codec& c = cachedCodec(codec, in.dtype);
+    if (a != Algorithm::kHierarchical || g.topology().numNodes < 2)
+      return runWholeGroupCompressed(g, coll, c, in, out, op, ctx);
+    ctx.codec = &c;
+  }
+  struct Reset {
+    OpContext& ctx;
+    ~Reset() { ctx.codec = nullptr; }
+  } reset{ctx};
+  switch (coll) {
+    case Collective::kAllReduce:
+      impl->allReduce(g, in, out, op, ctx);
+      break;
+    case Collective::kAllGather:
+      impl->allGather(g, in, out, ctx);
+      break;
+    case Collective::kReduceScatter:
+      impl->reduceScatter(g, in, out, op, ctx);
+      break;
+    default:
+      break;
+  }
+}
+
+void runWidened(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
   const Buffer& in = spec.in;
   const Buffer& out = spec.out;
   float* wi = static_cast<float*>(g.scratch(2, in.count * sizeof(float)));
@@ -99,10 +169,7 @@ void runWidened(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
   Buffer win(wi, in.count, DataType::kFloat32);
   Buffer wout(in.data == out.data && spec.coll == Collective::kAllReduce ? wi : wo, out.count,
               DataType::kFloat32);
-  if (spec.coll == Collective::kAllReduce)
-    impl->allReduce(g, win, wout, spec.op, ctx);
-  else
-    impl->reduceScatter(g, win, wout, spec.op, ctx);
+  runImpl(g, spec.coll, a, win, wout, spec.op, spec.codec, ctx);
   if (spec.op == ReduceOp::kAvg) scaleInPlace(wout.data, wout.count, wout.dtype, 1.0 / g.size());
   fromFloat32(out.data, static_cast<float*>(wout.data), out.count, out.dtype);
 }
@@ -118,24 +185,11 @@ void runAlgorithm(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
   if (spec.opts.accumulateFp32 && spec.hasOp && half && g.backend().hostMemory()) {
     return runWidened(g, spec, a, ctx);
   }
-  const auto* impl = algorithmImpl(a);
   Buffer in = spec.in, out = spec.out;
   // Algorithms take non-overlapping buffers: an in-place reduce_scatter reduces into scratch,
   // then copies the block over this rank's part of the input (which is no longer read).
   if (spec.inPlace) out.data = g.scratch(4, out.bytes());
-  switch (spec.coll) {
-    case Collective::kAllReduce:
-      impl->allReduce(g, in, out, spec.op, ctx);
-      break;
-    case Collective::kAllGather:
-      impl->allGather(g, in, out, ctx);
-      break;
-    case Collective::kReduceScatter:
-      impl->reduceScatter(g, in, out, spec.op, ctx);
-      break;
-    default:
-      break;
-  }
+  runImpl(g, spec.coll, a, in, out, spec.op, spec.codec, ctx);
   if (spec.hasOp && spec.op == ReduceOp::kAvg) g.backend().scale(out, 1.0 / g.size());
   if (spec.inPlace) g.backend().copy(spec.out.data, out.data, out.bytes());
 }
@@ -197,6 +251,24 @@ OpContext contextOf(CommState& s, const OpSpec& spec, const std::atomic<bool>* c
   return ctx;
 }
 
+void runBody(CommState& s, const OpSpec& spec, OpContext& ctx);
+
+// A call whose codec is "auto": decided at its first call of a size (and again every few
+// dozen calls), the same on every rank (compression/auto_codec.cpp), then run as a named codec
+// or uncompressed.
+void runAutoCodec(CommState& s, const OpSpec& spec, OpContext& ctx) {
+  OpSpec call = spec;
+  const Tuner::Key key = spec.call.key();
+  if (!s.selector.autoCodec(key, &call.codec)) {
+    const Algorithm a = s.selector.compressedAlgorithm(spec.algorithm, *s.host);
+    const bool rail = a == Algorithm::kHierarchical && s.host->topology().numNodes > 1;
+    call.codec = decideAutoCodec(*s.host, spec.coll, spec.in, spec.call.nbytes, rail, ctx);
+    s.selector.rememberAutoCodec(key, call.codec);
+  }
+  if (!call.codec.none()) call.algorithm = s.selector.compressedAlgorithm(spec.algorithm, *s.host);
+  runBody(s, call, ctx);
+}
+
 void runBody(CommState& s, const OpSpec& spec, OpContext& ctx) {
   if (s.debug) debugCheck(s, spec, ctx);
   if (spec.isBarrier) {
@@ -208,6 +280,7 @@ void runBody(CommState& s, const OpSpec& spec, OpContext& ctx) {
     return runDeviceOp(s, spec, ctx);
   }
 #endif
+  if (spec.codec.kind == CodecKind::kAuto) return runAutoCodec(s, spec, ctx);
   if (spec.algorithm == Algorithm::kAuto)
     runTuned(s, spec, ctx);
   else

@@ -223,4 +223,88 @@ std::vector<Algorithm> Selector::shortlist(
   return Tuner::shortlist(preds, cheapest(preds, noFlat), call.nbytes);
 }
 
+// ---- compression ----
+
+void Selector::setPolicyCodec(const CodecSpec& codec, const std::string& source) {
+  policy_ = codec;
+  policySource_ = source;
+}
+
+namespace {
+
+// Why a policy codec does not apply to this call ("" when it does).
+std::string policyMiss(const CodecSpec& c, const CallShape& call, const Group& g) {
+  if (call.device != DeviceType::kCpu) return "compression runs on host buffers only";
+  if (call.collective == Collective::kBroadcast) return "broadcast is not compressed";
+  if (g.size() < 2 || call.nbytes == 0) return "nothing crosses a link";
+  if (g.topology().numNodes < 2)
+    return "the group is on one node: a policy compresses only links between nodes";
+  try {
+    checkCodecDtype(c, call.dtype);
+  } catch (const InvalidArgument& e) {
+    return std::string("not for this dtype: ") + e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+CodecChoice Selector::codec(const CallShape& call, const std::string& requested,
+                            const Group& runsOn) const {
+  CodecChoice out;
+  if (!requested.empty()) {
+    out.spec = parseCodec(requested, "compression");
+    out.source = "argument";
+    if (out.spec.none()) return out;
+    if (call.device != DeviceType::kCpu) {
+      throw InvalidArgument(
+          "compression: codecs run on host buffers in this version of fourd; found a CUDA "
+          "tensor (pass compression=None, or a CPU tensor)");
+    }
+    if (call.collective == Collective::kBroadcast)
+      throw InvalidArgument("compression: broadcast takes no codec");
+    if (out.spec.kind != CodecKind::kAuto) checkCodecDtype(out.spec, call.dtype);
+    if (out.spec.kind == CodecKind::kAuto && call.dtype != DataType::kFloat32 &&
+        call.dtype != DataType::kFloat64 && call.dtype != DataType::kBFloat16 &&
+        call.dtype != DataType::kFloat16) {
+      out.spec = CodecSpec{};
+      out.note = "auto compresses floating-point data only";
+    }
+    return out;
+  }
+  if (policy_.none()) return out;
+  out.note = policyMiss(policy_, call, runsOn);
+  if (out.note.empty()) {
+    out.spec = policy_;
+    out.source = policySource_;
+  }
+  return out;
+}
+
+Algorithm Selector::compressedAlgorithm(Algorithm chosen, const Group& g) const {
+  const bool spans = g.topology().numNodes > 1;
+  if (chosen == Algorithm::kAuto || chosen == Algorithm::kHierarchical) {
+    std::string why;
+    if (spans && shapeSupports(Collective::kAllReduce, Algorithm::kHierarchical, g, &why))
+      return Algorithm::kHierarchical;
+    return chosen == Algorithm::kAuto ? Algorithm::kRing : chosen;
+  }
+  return chosen;
+}
+
+bool Selector::autoCodec(const Tuner::Key& key, CodecSpec* out) {
+  // Re-decided every kAutoRecheck calls: the data (and its ratio) change as training goes.
+  constexpr int kAutoRecheck = 64;
+  std::lock_guard<std::mutex> lk(autoMu_);
+  auto it = autoCodecs_.find(key);
+  if (it == autoCodecs_.end() || ++it->second.calls > kAutoRecheck) return false;
+  *out = it->second.codec;
+  return true;
+}
+
+void Selector::rememberAutoCodec(const Tuner::Key& key, const CodecSpec& codec) {
+  std::lock_guard<std::mutex> lk(autoMu_);
+  autoCodecs_[key] = AutoCodec{codec, 1};
+}
+
 }  // namespace fourd::detail

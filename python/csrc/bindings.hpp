@@ -10,7 +10,8 @@ namespace fourd_py {
 void register_errors(pybind11::module_& m);
 void register_vocabulary(pybind11::module_& m);  // vocabulary.cpp: names, ProcessGrid, Topology
 void register_grid(pybind11::module_& m);
-void register_cuda(pybind11::module_& m);  // cuda.cpp: adds nothing without FOURD_HAVE_CUDA
+void register_compression(pybind11::module_& m);  // compression.cpp: codecs and policies
+void register_cuda(pybind11::module_& m);         // cuda.cpp: adds nothing without FOURD_HAVE_CUDA
 
 /// A GroupTopology as a dict (size, num_nodes, k, uniform, node_index, local_index, ...).
 pybind11::dict topologyDict(const fourd::GroupTopology& t);

@@ -91,8 +91,10 @@ DeviceType deviceArg(const std::string& d) {
   throw fourd::InvalidArgument("device: expected 'cpu' or 'cuda', found '" + d + "'");
 }
 
-CallOptions opts(int algorithm, double timeout, bool async, bool acc32) {
+CallOptions opts(int algorithm, double timeout, bool async, bool acc32,
+                 const std::string& compression = std::string()) {
   CallOptions o;
+  o.compression = compression;
   o.algorithm = static_cast<fourd::Algorithm>(algorithm);
   o.timeoutSeconds = timeout;
   o.async = async;
@@ -265,8 +267,8 @@ void bindReductions(CommunicatorClass& c) {
   c.def("all_reduce",
         [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev,
            int devIdx, uintptr_t stream, int op, int algorithm, double timeout, bool async,
-           bool acc32, py::object keep) {
-          const CallOptions o = opts(algorithm, timeout, async, acc32);
+           bool acc32, py::object keep, const std::string& codec) {
+          const CallOptions o = opts(algorithm, timeout, async, acc32, codec);
           auto w = released([&] {
             return c.allReduce(buf(in, count, dtype, dev, devIdx, stream),
                                buf(out, count, dtype, dev, devIdx, stream),
@@ -278,8 +280,8 @@ void bindReductions(CommunicatorClass& c) {
            // Out of place: the counts are checked by the core (they must be equal).
            [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount,
               int dtype, int dev, int devIdx, uintptr_t stream, int op, int algorithm,
-              double timeout, bool async, bool acc32, py::object keep) {
-             const CallOptions o = opts(algorithm, timeout, async, acc32);
+              double timeout, bool async, bool acc32, py::object keep, const std::string& codec) {
+             const CallOptions o = opts(algorithm, timeout, async, acc32, codec);
              auto w = released([&] {
                return c.allReduce(buf(in, inCount, dtype, dev, devIdx, stream),
                                   buf(out, outCount, dtype, dev, devIdx, stream),
@@ -319,8 +321,8 @@ void bindGatherScatter(CommunicatorClass& c) {
   c.def("all_gather",
         [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
            int dev, int devIdx, uintptr_t stream, int algorithm, double timeout, bool async,
-           py::object keep) {
-          const CallOptions o = opts(algorithm, timeout, async, false);
+           py::object keep, const std::string& codec) {
+          const CallOptions o = opts(algorithm, timeout, async, false, codec);
           auto w = released([&] {
             return c.allGather(buf(in, inCount, dtype, dev, devIdx, stream),
                                buf(out, outCount, dtype, dev, devIdx, stream), o);
@@ -330,8 +332,8 @@ void bindGatherScatter(CommunicatorClass& c) {
       .def("reduce_scatter",
            [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount,
               int dtype, int dev, int devIdx, uintptr_t stream, int op, int algorithm,
-              double timeout, bool async, bool acc32, py::object keep) {
-             const CallOptions o = opts(algorithm, timeout, async, acc32);
+              double timeout, bool async, bool acc32, py::object keep, const std::string& codec) {
+             const CallOptions o = opts(algorithm, timeout, async, acc32, codec);
              auto w = released([&] {
                return c.reduceScatter(buf(in, inCount, dtype, dev, devIdx, stream),
                                       buf(out, outCount, dtype, dev, devIdx, stream),
@@ -351,6 +353,25 @@ void bindGatherScatter(CommunicatorClass& c) {
         const CallOptions o = opts(0, timeout, false, false);
         released([&] { return c.barrier(o); });
       });
+}
+
+// The codec a call would use (Communicator::compression).
+void bindCompressionQuery(CommunicatorClass& c) {
+  c.def(
+      "compression",
+      [](const Communicator& c, const std::string& coll, size_t nbytes, const std::string& dtype,
+         const std::string& device, const std::string& requested) {
+        const auto r = c.compression(fourd::parseCollective(coll), nbytes,
+                                     fourd::parseDataType(dtype), deviceArg(device), requested);
+        py::dict d;
+        d["codec"] = r.codec.empty() ? py::object(py::none()) : py::object(py::str(r.codec));
+        d["source"] = r.source;
+        d["where"] = r.where;
+        d["note"] = r.note;
+        return d;
+      },
+      py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",
+      py::arg("device") = "cpu", py::arg("requested") = "");
 }
 
 // What the selector and the tuning say of a call.
@@ -439,7 +460,8 @@ struct GridDeleter {
 void bindGrid(py::module_& m) {
   py::class_<Grid, std::unique_ptr<Grid, GridDeleter>>(m, "Grid")
       .def(py::init([](intptr_t commF, std::vector<int> sizes, const std::string& order, int rpn,
-                       double timeout, bool debug, bool abortOnTimeout) {
+                       double timeout, bool debug, bool abortOnTimeout,
+                       const std::string& compression) {
              fourd::GridConfig cfg;
              for (int i = 0; i < 4; ++i) cfg.sizes[i] = sizes.at(i);
              cfg.order = order;
@@ -447,11 +469,13 @@ void bindGrid(py::module_& m) {
              cfg.timeoutSeconds = timeout;
              cfg.debug = debug;
              cfg.abortOnTimeout = abortOnTimeout;
+             cfg.compression = compression;
              MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(commF));
              return released([&] { return new Grid(comm, cfg); });
            }),
            py::arg("comm_f"), py::arg("sizes"), py::arg("order"), py::arg("ranks_per_node"),
-           py::arg("timeout"), py::arg("debug"), py::arg("abort_on_timeout"))
+           py::arg("timeout"), py::arg("debug"), py::arg("abort_on_timeout"),
+           py::arg("compression") = "")
       .def_property_readonly("world_rank", &Grid::worldRank)
       .def_property_readonly("world_size", &Grid::worldSize)
       .def_property_readonly("sizes",
@@ -507,6 +531,7 @@ void register_grid(py::module_& m) {
   bindReductions(comm);
   bindGatherScatter(comm);
   bindQueries(comm);
+  bindCompressionQuery(comm);
   bindGrid(m);
 }
 }  // namespace fourd_py

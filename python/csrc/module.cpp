@@ -9,6 +9,7 @@ PYBIND11_MODULE(_C, m) {
   fourd_py::register_errors(m);
   fourd_py::register_vocabulary(m);
   fourd_py::register_grid(m);
+  fourd_py::register_compression(m);
   register_cost_model(m);
   fourd_py::register_cuda(m);
   m.attr("__version__") = FOURD_VERSION;

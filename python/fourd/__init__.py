@@ -64,6 +64,7 @@ def all_reduce(
     async_op=False,
     timeout=None,
     accumulate_fp32=False,
+    compression=None,
 ):
     """Reduce `tensor` over my group along `axis` (torch's all_reduce): in place, or into
     `output` (same count and dtype, not overlapping `tensor`) when given.
@@ -74,6 +75,8 @@ def all_reduce(
     (floating types) or torch's ReduceOp, also in the axis's place as torch puts it
     (`all_reduce(t, ReduceOp.SUM)`). algorithm: "auto", "flat", "ring", "rhd",
     "hierarchical", "shm". accumulate_fp32: float16/bfloat16 partial sums kept in float32.
+    compression: a codec for this call ("none", "lossless", "zfp:rate=8", "zfp:tol=1e-3",
+    "int8", "bf16", "auto"; docs/compression.md); None: the grid's policy.
     Returns a Work when async_op=True, else None.
     """
     g = _grid._current if grid is None else grid
@@ -89,6 +92,7 @@ def all_reduce(
         async_op=async_op,
         timeout=timeout,
         accumulate_fp32=accumulate_fp32,
+        compression=compression,
     )
 
 
@@ -102,11 +106,20 @@ def all_gather(
     algorithm="auto",
     async_op=False,
     timeout=None,
+    compression=None,
 ):
     """output = the inputs of my group along `axis`, concatenated in group-rank order; or a
-    list of one tensor per group rank (torch's form)."""
+    list of one tensor per group rank (torch's form). compression: as all_reduce's (each
+    block is encoded once, at its source)."""
     return _g(grid).all_gather(
-        output, input, axis, group=group, algorithm=algorithm, async_op=async_op, timeout=timeout
+        output,
+        input,
+        axis,
+        group=group,
+        algorithm=algorithm,
+        async_op=async_op,
+        timeout=timeout,
+        compression=compression,
     )
 
 
@@ -122,9 +135,11 @@ def reduce_scatter(
     async_op=False,
     timeout=None,
     accumulate_fp32=False,
+    compression=None,
 ):
     """input holds group-size blocks (or is a list of one tensor per group rank: torch's
-    form); the reduced block i ends on group rank i as `output`."""
+    form); the reduced block i ends on group rank i as `output`. compression: as
+    all_reduce's."""
     return _g(grid).reduce_scatter(
         output,
         input,
@@ -135,6 +150,7 @@ def reduce_scatter(
         async_op=async_op,
         timeout=timeout,
         accumulate_fp32=accumulate_fp32,
+        compression=compression,
     )
 
 
@@ -158,10 +174,12 @@ def explain(
     in_place=False,
     device="cpu",
     verbose=False,
+    compression=None,
 ):
     """The algorithms `auto` considers for this call, their predicted times, and its choice:
-    a dict (`str()` of it, or verbose=True, prints a short table)."""
-    e = _g(grid).explain(collective, nbytes, axis, dtype, in_place, device)
+    a dict (`str()` of it, or verbose=True, prints a short table). Its "compression" says
+    whether a codec is used (`compression`: the call's argument), where, and why."""
+    e = _g(grid).explain(collective, nbytes, axis, dtype, in_place, device, compression)
     if verbose:
         print(e)
     return e

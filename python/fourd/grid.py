@@ -148,7 +148,7 @@ class _ListWork:
         return self._work.description
 
 
-def _gather_into_list(grid, outputs, input, axis, algorithm, async_op, timeout):
+def _gather_into_list(grid, outputs, input, axis, algorithm, async_op, timeout, compression):
     """torch's all_gather(tensor_list, tensor): gathered into one buffer, then split."""
     n = int(getattr(input, "numel", lambda: np.asarray(input).size)())
     if len(outputs) != grid.size(axis):
@@ -166,11 +166,54 @@ def _gather_into_list(grid, outputs, input, axis, algorithm, async_op, timeout):
             else:
                 np.copyto(out, block.reshape(out.shape))
 
-    w = grid.all_gather(flat, input, axis, algorithm=algorithm, async_op=async_op, timeout=timeout)
+    w = grid.all_gather(
+        flat,
+        input,
+        axis,
+        algorithm=algorithm,
+        async_op=async_op,
+        timeout=timeout,
+        compression=compression,
+    )
     if async_op:
         return _ListWork(w, finish)
     finish()
     return None
+
+
+def _codec_arg(value) -> str:
+    """A call's compression= argument as the core takes it (it parses and checks it)."""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(
+            f"compression: expected a codec name such as 'zfp:rate=8', 'int8', 'lossless' or "
+            f"'none', found {value!r}"
+        )
+    return value or "none"
+
+
+def compression_policy(value) -> str:
+    """The policy text of fourd.init(compression=...): None (no policy), a codec for every
+    axis, a preset ("mzhybrid", "zhybrid"), policy text ("data=zfp:rate=8;x,y,z=lossless"), or
+    a dict {axis or tuple of axes: codec}. The core parses and checks it (docs/compression.md)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return _C.compression_policy(value)
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(
+            f"compression: expected None, a codec or preset name, or a dict {{axis: codec}}, "
+            f"found {value!r}"
+        )
+    entries = []
+    for axes, codec in value.items():
+        names = (axes,) if isinstance(axes, str) else axes
+        if not isinstance(names, tuple) or not all(isinstance(a, str) for a in names):
+            raise InvalidArgumentError(
+                f"compression: expected an axis name or a tuple of axis names as key, found "
+                f"{axes!r}"
+            )
+        entries.append(",".join(names) + "=" + _codec_arg(codec))
+    return _C.compression_policy(";".join(entries))
 
 
 def _algo_name(code: int) -> str:
@@ -272,6 +315,11 @@ class Explanation(dict):
         if t.get("candidates"):
             tuned += f" (tried {', '.join(t['candidates'])})"
         lines.append("  " + tuned)
+        c = self.get("compression") or {}
+        if c.get("codec"):
+            lines.append(f"  compression: {c['codec']} (from the {c['source']}), on {c['where']}")
+        elif c.get("note"):
+            lines.append(f"  compression: none ({c['note']})")
         return "\n".join(lines)
 
 
@@ -470,10 +518,12 @@ class Grid:
         async_op=False,
         timeout=None,
         accumulate_fp32=False,
+        compression=None,
     ):
         """Reduce `tensor` over the group along `axis`: in place, or into `output` (same count
         and dtype, not overlapping `tensor`) when given. `group=` is torch's name for the
-        axis (an axis, a fourd group, or a torch ProcessGroup of fourd's backend)."""
+        axis (an axis, a fourd group, or a torch ProcessGroup of fourd's backend).
+        `compression`: a codec for this call (docs/compression.md); None: the grid's policy."""
         if group is not None:
             axis = _group_axis(group, axis)
         if async_op is not False and async_op is not True:
@@ -485,8 +535,9 @@ class Grid:
         except (KeyError, TypeError):
             comm, opc, algc = self._plan_call(axis, op, algorithm)
         tmo = 0.0 if timeout is None else _timeout(timeout)
+        codec = "" if compression is None else _codec_arg(compression)
         if output is None:
-            if not async_op and type(tensor) is np.ndarray:
+            if not async_op and not codec and type(tensor) is np.ndarray:
                 try:  # the common blocking numpy call, in one native call
                     if comm.all_reduce_array(tensor, opc, algc, tmo, accumulate_fp32):
                         return None
@@ -509,33 +560,14 @@ class Grid:
                     async_op,
                     accumulate_fp32,
                     tensor if async_op else None,
+                    codec,
                 )
             except _FAILED:
                 _quarantine(tensor)
                 raise
-        ip, n, dt, dev, idx, st = resolve(tensor, "tensor", False)
-        op_, oc, odt, odev, _, _ = resolve(output, "output", True)
-        _check_pair(dt, odt, dev, odev)
-        try:
-            return comm.all_reduce_into(
-                ip,
-                n,
-                op_,
-                oc,
-                dt,
-                dev,
-                idx,
-                st,
-                opc,
-                algc,
-                tmo,
-                async_op,
-                accumulate_fp32,
-                (output, tensor) if async_op else None,
-            )
-        except _FAILED:
-            _quarantine(output, tensor)
-            raise
+        return _all_reduce_into(
+            comm, tensor, output, opc, algc, tmo, async_op, accumulate_fp32, codec
+        )
 
     def _plan_call(self, axis, op, algorithm):
         if _is_op(axis):  # torch's habit: all_reduce(t, ReduceOp.SUM), the op where axis goes
@@ -559,13 +591,16 @@ class Grid:
         algorithm="auto",
         async_op=False,
         timeout=None,
+        compression=None,
     ):
         """output = the inputs of the group along `axis`, concatenated in group-rank order.
         `output` may also be a list of one tensor per group rank (torch's form)."""
         if group is not None:
             axis = _group_axis(group, axis)
         if isinstance(output, (list, tuple)):
-            return _gather_into_list(self, output, input, axis, algorithm, async_op, timeout)
+            return _gather_into_list(
+                self, output, input, axis, algorithm, async_op, timeout, compression
+            )
         if async_op is not False and async_op is not True:
             async_op = _flag(async_op, "async_op")
         try:
@@ -589,6 +624,7 @@ class Grid:
                 0.0 if timeout is None else _timeout(timeout),
                 async_op,
                 (output, input) if async_op else None,
+                "" if compression is None else _codec_arg(compression),
             )
         except _FAILED:
             _quarantine(output, input)
@@ -606,6 +642,7 @@ class Grid:
         async_op=False,
         timeout=None,
         accumulate_fp32=False,
+        compression=None,
     ):
         """Reduce `input` (group-size blocks) over the group; block i ends on group rank i.
         `input` may also be a list of one tensor per group rank (torch's form)."""
@@ -640,6 +677,7 @@ class Grid:
                 async_op,
                 accumulate_fp32,
                 (output, input) if async_op else None,
+                "" if compression is None else _codec_arg(compression),
             )
         except _FAILED:
             _quarantine(output, input)
@@ -685,6 +723,7 @@ class Grid:
         dtype: str = "float32",
         in_place: bool = False,
         device: str = "cpu",
+        compression=None,
     ) -> dict:
         """The candidates `auto` considers for this call, with predicted times and whether each
         can run (`supported`: a request by name runs; `candidate`: auto may pick it; `reason`
@@ -715,6 +754,13 @@ class Grid:
                 "forced_by_env": e["source"] == "FOURD_ALGORITHM",
                 "set_by_plan": e["source"] == "plan",
                 "tuning": comm.tuning(collective, n, dtype, ip),
+                "compression": comm.compression(
+                    collective,
+                    n,
+                    dtype,
+                    device,
+                    "" if compression is None else _codec_arg(compression),
+                ),
             }
         )
 
@@ -763,6 +809,34 @@ class Grid:
     def __repr__(self) -> str:
         s = ", ".join(f"{a}={v}" for a, v in self.shape.items())
         return f"fourd.Grid({s}, order='{self._order}', rank {self._rank}/{self.world_size})"
+
+
+def _all_reduce_into(comm, tensor, output, opc, algc, tmo, async_op, accumulate_fp32, codec):
+    """Grid.all_reduce out of place."""
+    ip, n, dt, dev, idx, st = resolve(tensor, "tensor", False)
+    op_, oc, odt, odev, _, _ = resolve(output, "output", True)
+    _check_pair(dt, odt, dev, odev)
+    try:
+        return comm.all_reduce_into(
+            ip,
+            n,
+            op_,
+            oc,
+            dt,
+            dev,
+            idx,
+            st,
+            opc,
+            algc,
+            tmo,
+            async_op,
+            accumulate_fp32,
+            (output, tensor) if async_op else None,
+            codec,
+        )
+    except _FAILED:
+        _quarantine(output, tensor)
+        raise
 
 
 def _select_cuda_device(native, rank: int) -> None:
@@ -983,11 +1057,14 @@ def init(
     debug=None,
     plan=None,
     make_current=True,
+    compression=None,
 ) -> Grid:
     """Build the 4D grid over the ranks of `comm` (default MPI.COMM_WORLD). Collective: every
     rank must pass the same arguments (checked; a mismatch raises on every rank). The new grid
     becomes the one fourd's module-level calls use, unless `make_current=False` (a library
-    that builds a grid of its own, such as the torch backend, leaves the user's in place)."""
+    that builds a grid of its own, such as the torch backend, leaves the user's in place).
+    `compression`: the per-axis codec policy (compression_policy; FOURD_COMPRESSION replaces
+    it; docs/compression.md)."""
     global _current, _was_finalized
     from mpi4py import MPI
 
@@ -1011,7 +1088,11 @@ def init(
         local_error, dbg, abort = local_error or e, False, False
         args = (*args[:3], -1.0)
     try:
-        native = _C.Grid(comm.py2f(), *args, dbg, abort)
+        policy = compression_policy(compression)
+    except InvalidArgumentError as e:
+        local_error, policy = local_error or e, "invalid"
+    try:
+        native = _C.Grid(comm.py2f(), *args, dbg, abort, policy)
     except Exception:
         if local_error is not None:
             raise local_error from None

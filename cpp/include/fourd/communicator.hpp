@@ -27,6 +27,9 @@ struct CallOptions {
   double timeoutSeconds = 0.0;  ///< <= 0: the communicator's default (FOURD_TIMEOUT_S, 300 s)
   bool async = false;           ///< true: return at once, the progress thread runs it
   bool accumulateFp32 = false;  ///< float16/bfloat16: keep partial sums in float32 across steps
+  /// A codec for this call ("zfp:rate=8", "int8", "lossless", "none", ...; docs/compression.md);
+  /// empty: the grid's policy decides.
+  std::string compression;
 };
 
 /// A group of ranks. Collectives are collective: every member calls them in the same order.
@@ -45,6 +48,15 @@ class Communicator {
   /// World rank of every group rank, in group-rank order.
   const std::vector<int>& worldRanks() const noexcept;
   const GroupTopology& topology() const noexcept;
+
+  /// The codec a call would use (docs/compression.md): its canonical text ("" for none),
+  /// where the choice came from ("argument", "policy", "FOURD_COMPRESSION"), where it applies,
+  /// and why a policy codec does not apply to this call. `requested`: the call's argument.
+  struct CompressionChoice {
+    std::string codec, source, where, note;
+  };
+  CompressionChoice compression(Collective c, size_t nbytes, DataType dtype, DeviceType device,
+                                const std::string& requested) const;
 
   /// In place when in.data == out.data. out.count == in.count.
   std::shared_ptr<Work> allReduce(const Buffer& in, const Buffer& out, ReduceOp op,

@@ -29,6 +29,9 @@ struct GridConfig {
   double timeoutSeconds = 300.0;  ///< default deadline of every wait
   bool debug = false;             ///< compare every collective's fingerprint across its group
   bool abortOnTimeout = false;    ///< MPI_Abort the job on a timeout
+  /// The compression policy ("data=zfp:rate=8;x,y,z=lossless", a preset, or empty: none);
+  /// FOURD_COMPRESSION replaces it when set (docs/compression.md).
+  std::string compression;
 };
 
 class Grid {

@@ -217,9 +217,10 @@ struct Levels {
   Group* rail;
   LevelAlgo ia = LevelAlgo::kRing, ea = LevelAlgo::kRing;
   ShmWindow* w = nullptr;
+  const Codec* codec;                    // the rail level's codec (null: uncompressed)
   std::vector<std::vector<int>> member;  // member[node][local] = group rank
 
-  Levels(Group& group, OpContext& ctx) : g(group), topo(group.topology()) {
+  Levels(Group& group, OpContext& ctx) : g(group), topo(group.topology()), codec(ctx.codec) {
     k = topo.k;
     N = topo.numNodes;
     const int me = g.rank();
@@ -283,8 +284,9 @@ void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpCon
   const size_t maxShard = (maxChunk + L.k - 1) / L.k;
   char* scratchI = static_cast<char*>(
       g.scratch(0, std::max<size_t>(64, levelRSScratch(L.ia, Blocks::even(maxChunk, L.k), es))));
-  char* scratchE = static_cast<char*>(
-      g.scratch(1, std::max<size_t>(64, levelARScratch(L.ea, maxShard, L.N, es))));
+  const size_t railScratch = L.codec ? codecRingAllReduceScratch(*L.codec, maxShard, L.N, es)
+                                     : levelARScratch(L.ea, maxShard, L.N, es);
+  char* scratchE = static_cast<char*>(g.scratch(1, std::max<size_t>(64, railScratch)));
 
   Schedule si(L.intra->backend(), laneTag(ctx, 1)), sr(L.rail->backend(), laneTag(ctx, 2));
   std::vector<char> rsDone(C, 0), arDone(C, 0);
@@ -306,7 +308,10 @@ void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpCon
     si.compute([&rsDone, c] { rsDone[c] = 1; });
     // Rail all-reduce of my shard, as soon as it is ready.
     sr.waitUntil([&rsDone, c] { return rsDone[c] != 0; }, laggingLevel("intra reduce_scatter", c));
-    levelAR(sr, L.ea, shard, shard, sn, t, op, scratchE);
+    if (L.codec)
+      codecRingAllReduce(sr, *L.codec, shard, shard, sn, t, op, scratchE);
+    else
+      levelAR(sr, L.ea, shard, shard, sn, t, op, scratchE);
     sr.compute([&arDone, c] { arDone[c] = 1; });
     if (c >= 1) agIntra(c - 1);
   }
@@ -331,6 +336,10 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
            t, maxChunk * L.N * es, ctx);
   // T: chunk c occupies p * chunk elements at p * offset(c), laid out [local][node] x chunk.
   char* T = static_cast<char*>(g.scratch(0, std::max<size_t>(64, static_cast<size_t>(p) * m * es)));
+  char* scratchE =
+      L.codec ? static_cast<char*>(g.scratch(
+                    1, codecRingAllGatherScratch(*L.codec, Blocks::uniform(maxChunk, L.N), es)))
+              : nullptr;
   Schedule si(L.intra->backend(), laneTag(ctx, 1)), sr(L.rail->backend(), laneTag(ctx, 2));
   std::vector<char> railDone(C, 0);
   const char* src = static_cast<const char*>(in.data);
@@ -343,7 +352,10 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
     char* myRail = Tc + static_cast<size_t>(L.l) * N * cm * es;
     char* myBlock = myRail + static_cast<size_t>(L.node) * cm * es;
     sr.compute([=] { lv->copy(myBlock, src + c0 * es, cm * es); });
-    levelAG(sr, L.ea, L.w, myRail, Blocks::uniform(cm, N), t);
+    if (L.codec)
+      codecRingAllGather(sr, *L.codec, myRail, Blocks::uniform(cm, N), t, scratchE);
+    else
+      levelAG(sr, L.ea, L.w, myRail, Blocks::uniform(cm, N), t);
     sr.compute([&railDone, c] { railDone[c] = 1; });
     si.waitUntil([&railDone, c] { return railDone[c] != 0; }, laggingLevel("rail all_gather", c));
     levelAG(si, L.ia, L.w, Tc, Blocks::uniform(static_cast<size_t>(N) * cm, k), t);
@@ -379,8 +391,10 @@ void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, O
   char* T = static_cast<char*>(g.scratch(0, tBytes + uBytes + std::max<size_t>(64, iBytes)));
   char* U = T + tBytes;
   char* scratchI = U + uBytes;
-  char* scratchE = static_cast<char*>(
-      g.scratch(1, std::max<size_t>(64, levelRSScratch(L.ea, Blocks::uniform(maxChunk, N), es))));
+  const Blocks railBlocks = Blocks::uniform(maxChunk, N);
+  const size_t railScratch = L.codec ? codecRingReduceScatterScratch(*L.codec, railBlocks, es)
+                                     : levelRSScratch(L.ea, railBlocks, es);
+  char* scratchE = static_cast<char*>(g.scratch(1, std::max<size_t>(64, railScratch)));
   Schedule si(L.intra->backend(), laneTag(ctx, 1)), sr(L.rail->backend(), laneTag(ctx, 2));
   std::vector<char> intraDone(C, 0);
   const char* src = static_cast<const char*>(in.data);
@@ -404,7 +418,11 @@ void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, O
     si.compute([&intraDone, c] { intraDone[c] = 1; });
     sr.waitUntil([&intraDone, c] { return intraDone[c] != 0; },
                  laggingLevel("intra reduce_scatter", c));
-    levelRS(sr, L.ea, L.w, Uc, dst + c0 * es, Blocks::uniform(cm, N), t, op, scratchE);
+    if (L.codec)
+      codecRingReduceScatter(sr, *L.codec, Uc, dst + c0 * es, Blocks::uniform(cm, N), t, op,
+                             scratchE);
+    else
+      levelRS(sr, L.ea, L.w, Uc, dst + c0 * es, Blocks::uniform(cm, N), t, op, scratchE);
   }
   L.run(si, sr, ctx);
 }

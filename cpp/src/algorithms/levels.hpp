@@ -24,6 +24,7 @@
 #include "algorithms/schedule.hpp"
 #include "fourd/cost_model.hpp"
 #include "fourd/data_type.hpp"
+#include "internal/codec.hpp"
 #include "internal/group.hpp"
 
 namespace fourd::detail {
@@ -85,6 +86,19 @@ void shmAllReduce(Schedule& s, ShmWindow& w, const void* in, void* out, size_t c
 /// Marks the window busy while a schedule using it runs (a window left busy by an exception is
 /// leaked at exit instead of freed collectively, which could hang).
 void markShmRunning(ShmWindow* w, bool running);
+
+// ---- compressed ring (codec_ring.cpp): a codec on every message of a ring ----
+size_t codecRingAllGatherScratch(const Codec& c, const Blocks& blocks, size_t elemSize);
+/// Every block is encoded once at its owner and forwarded unchanged; a lossy codec's owner
+/// keeps the decoded values of its own block (every rank ends with the same buffer).
+void codecRingAllGather(Schedule& s, const Codec& c, void* buf, const Blocks& blocks, DataType t,
+                        void* scratch);
+size_t codecRingReduceScatterScratch(const Codec& c, const Blocks& blocks, size_t elemSize);
+void codecRingReduceScatter(Schedule& s, const Codec& c, const void* in, void* out,
+                            const Blocks& blocks, DataType t, ReduceOp op, void* scratch);
+size_t codecRingAllReduceScratch(const Codec& c, size_t count, int p, size_t elemSize);
+void codecRingAllReduce(Schedule& s, const Codec& c, const void* in, void* out, size_t count,
+                        DataType t, ReduceOp op, void* scratch);
 
 // ---- the backend's own collectives (flat.cpp), for levels on any backend ----
 /// Blocks of `blockCount` elements each (the backend's collectives take uniform blocks); out

@@ -1,6 +1,10 @@
 // Blocks and Schedule (schedule.hpp): the small engine the point-to-point algorithms are built on.
 #include "algorithms/schedule.hpp"
 
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
 #include <algorithm>
 #include <sstream>
 
@@ -50,6 +54,20 @@ Schedule::Handle Schedule::send(const void* buf, size_t bytes, int peer) {
   Msg m;
   m.sbuf = buf;
   m.bytes = bytes;
+  m.peer = peer;
+  return add(Kind::kSend, std::move(m));
+}
+
+namespace {
+std::atomic<uint64_t> gMessageBytes{0};
+}  // namespace
+
+uint64_t messageBytesSent() noexcept { return gMessageBytes.load(std::memory_order_relaxed); }
+
+Schedule::Handle Schedule::sendMessage(const void* msg, int peer) {
+  Msg m;
+  m.sbuf = msg;
+  m.prefixed = true;
   m.peer = peer;
   return add(Kind::kSend, std::move(m));
 }
@@ -124,6 +142,12 @@ bool Schedule::advance(OpContext& ctx) {
       case Kind::kCollective: {
         Msg& m = msgs_[a.first];
         m.reqBegin = reqs_->size();
+        if (a.kind == Kind::kSend && m.prefixed) {
+          uint64_t len;
+          std::memcpy(&len, m.sbuf, sizeof(len));
+          m.bytes = sizeof(len) + static_cast<size_t>(len);
+          gMessageBytes.fetch_add(m.bytes, std::memory_order_relaxed);
+        }
         if (a.kind == Kind::kSend)
           backend_->isend(m.sbuf, m.bytes, m.peer, tag_, *reqs_);
         else if (a.kind == Kind::kRecv)

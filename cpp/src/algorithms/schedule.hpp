@@ -66,6 +66,11 @@ class Schedule {
   /// Posts a non-blocking send / receive of `bytes` (0 is allowed) when reached.
   Handle send(const void* buf, size_t bytes, int peer);
   Handle recv(void* buf, size_t bytes, int peer);
+  /// Posts a send of a length-prefixed message when reached: its first 8 bytes hold the
+  /// payload's length L (a uint64 written by an earlier step), and 8 + L bytes are sent. The
+  /// receiver posts recv() of the largest such message (MPI takes a shorter one) and reads
+  /// the length from the same header (compressed messages, codec_ring.cpp).
+  Handle sendMessage(const void* msg, int peer);
   /// Posts one of the backend's own non-blocking collectives when reached: `post` receives
   /// the schedule's request set (Backend::iallReduce and the like).
   Handle collective(std::function<void(Requests&)> post);
@@ -109,6 +114,7 @@ class Schedule {
     void* rbuf = nullptr;
     size_t bytes = 0;
     int peer = -1;
+    bool prefixed = false;                // sendMessage: bytes = 8 + the header's length
     std::function<void(Requests&)> post;  // kCollective
     size_t reqBegin = 0, reqEnd = 0;      // filled when posted
   };
@@ -136,6 +142,10 @@ void runConcurrently(const std::vector<Schedule*>& schedules, OpContext& ctx);
 /// politely (yielding the core). Used for shared-memory flags.
 void waitUntil(const std::function<bool()>& ready, const std::function<std::string()>& laggards,
                OpContext& ctx, double spinMicros = 0.0);
+
+/// Bytes this process has sent with Schedule::sendMessage (the compressed messages' wire
+/// bytes, headers included), since it started: the benchmark's wire-byte count.
+uint64_t messageBytesSent() noexcept;
 
 /// A tag that differs from ctx.tag and from the other lanes of the same operation.
 int laneTag(const OpContext& ctx, int lane);

@@ -9,6 +9,8 @@
 
 namespace fourd::detail {
 
+class Codec;
+
 using Clock = std::chrono::steady_clock;
 
 /// `start` + `seconds`, saturating: an infinite or huge timeout gives a deadline that never
@@ -40,6 +42,9 @@ struct OpContext {
   /// False for the waits a member may not leave early (the commit step before a blocking MPI
   /// call, mpi_backend.hpp): neither cancel nor Ctrl-C stops them, only the deadline.
   bool interruptible = true;
+  /// The codec of a compressed call (internal/codec.hpp): "hierarchical" applies it on its
+  /// rail level; null when the call is not compressed.
+  const Codec* codec = nullptr;
 
   /// "all_reduce on axis 'x' (group of world ranks [0, 1], seq 5, algorithm ring)".
   std::string describe() const;

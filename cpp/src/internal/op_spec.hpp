@@ -9,6 +9,7 @@
 #include "fourd/communicator.hpp"
 #include "fourd/cost_model.hpp"
 #include "fourd/work.hpp"
+#include "internal/codec.hpp"
 #include "internal/selector.hpp"
 
 namespace fourd::detail {
@@ -33,6 +34,9 @@ struct OpSpec {
   /// algorithm == kAuto on host buffers: the profile current when the call was issued (the
   /// same call on every rank prices its tuning alike).
   std::shared_ptr<const MachineProfile> profile;
+  /// The call's codec (internal/compression.hpp): none, a codec, or kAuto (resolved as the
+  /// call runs).
+  CodecSpec codec;
 };
 
 /// Gives `spec` its sequence number and runs it: inline when the communicator is idle and the

@@ -29,6 +29,7 @@
 
 #include "fourd/buffer.hpp"
 #include "fourd/cost_model.hpp"
+#include "internal/compression.hpp"
 #include "internal/group.hpp"
 #include "internal/tuner.hpp"
 
@@ -80,6 +81,25 @@ class Selector {
   /// The candidates (predicted times, corrections, support on `runsOn`), choice and source.
   Explanation explain(const CallShape& call, const Group& runsOn) const;
 
+  // ---- compression (internal/compression.hpp) ----
+  /// The codec the grid's policy names for this group; `source` "policy" or
+  /// "FOURD_COMPRESSION".
+  void setPolicyCodec(const CodecSpec& codec, const std::string& source);
+  const CodecSpec& policyCodec() const noexcept { return policy_; }
+  /// A call's codec: `requested` is its compression= argument ("" when not given). An explicit
+  /// codec that cannot run on the call (its dtype, GPU buffers) throws InvalidArgument; a
+  /// policy codec that does not apply gives none, with the reason in `note`.
+  CodecChoice codec(const CallShape& call, const std::string& requested, const Group& runsOn) const;
+  /// The algorithm of a compressed call whose uncompressed choice is `chosen`: hierarchical
+  /// (compressing its rail level) where `chosen` is auto or hierarchical and the group spans
+  /// nodes it can run on; otherwise `chosen` itself, which then runs the compressed ring on
+  /// the whole group (kAuto becomes ring).
+  Algorithm compressedAlgorithm(Algorithm chosen, const Group& g) const;
+  /// The remembered outcome of an "auto" codec for a call (true when known and still fresh;
+  /// each lookup counts as one call).
+  bool autoCodec(const Tuner::Key& key, CodecSpec* out);
+  void rememberAutoCodec(const Tuner::Key& key, const CodecSpec& codec);
+
   /// Tuning in use (host buffers).
   Tuner& tuner() noexcept { return tuner_; }
   const Tuner& tuner() const noexcept { return tuner_; }
@@ -98,6 +118,14 @@ class Selector {
 
   const Group& group_;
   Algorithm default_ = Algorithm::kAuto;
+  CodecSpec policy_;
+  std::string policySource_;
+  struct AutoCodec {
+    CodecSpec codec;
+    int calls = 0;
+  };
+  std::mutex autoMu_;
+  std::map<Tuner::Key, AutoCodec> autoCodecs_;
   Tuner tuner_;
   // The model's choice per call shape, for the profile it was made with: the model and its
   // corrections cost microseconds per call, a lookup does not. The stored profile keeps that
