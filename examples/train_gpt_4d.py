@@ -8,6 +8,9 @@
     mpiexec -n 8 python -m mpi4py examples/train_gpt_4d.py --x 2 --y 2 --z 2 --sweep
     # on GPUs (each rank on cuda:(local rank % device count), as fourd.init chooses)
     mpiexec -n 4 python -m mpi4py examples/train_gpt_4d.py --y 2 --z 2 --device cuda
+    # compressed collectives: a per-axis policy, and the loss curve written for comparison
+    mpiexec -n 4 python -m mpi4py examples/train_gpt_4d.py --data 4 \
+        --compression "data=int8;x,y,z=lossless" --error-feedback --loss-log int8_ef.json
 
 The model: token + position embeddings, pre-LN transformer blocks (causal attention, GELU MLP),
 a final LayerNorm and an untied output projection. In the 4D model the residual stream is full
@@ -20,6 +23,14 @@ Batch shard of a rank: rows [s*b, (s+1)*b) of the global batch, s = data*Gz + z.
 mean over the rank's shard; sync_gradients(average=True) makes the step equal to the mean over
 the global batch, so the losses match the single-process run (printed per step; with --json the
 run also writes losses and step times).
+
+Compression: --compression is the policy of fourd.init(compression=...). A policy compresses
+only groups that span nodes, so on one machine it compresses nothing; --compress-on-one-node
+also passes the policy's data-axis codec to fourd.nn.sync_gradients (and the overlap's
+grad_reduce) explicitly, which compresses every data-parallel gradient bucket wherever it runs.
+The model's initial weights and every batch depend only on --seed and the step, so runs with
+and without compression train on the same data from the same weights; --loss-log writes each
+step's loss and time with the arguments, for comparing their loss curves.
 """
 
 from __future__ import annotations
@@ -97,9 +108,48 @@ def parse_args(argv=None):
         choices=["cpu", "cuda"],
         help="where the model and its batches live (cuda: the device fourd.init chose)",
     )
+    add_compression_args(p)
     p.add_argument("--json", default=None, help="write losses and step times here (rank 0)")
+    p.add_argument(
+        "--loss-log",
+        default=None,
+        metavar="FILE",
+        help="write JSON here (rank 0): each step's loss and time, the arguments, and the codec "
+        "the gradient all-reduces use",
+    )
+    p.add_argument(
+        "--dump-tensors",
+        default=None,
+        metavar="PREFIX",
+        help="after the last step, rank 0 saves its weights and gradients as PREFIX_weights.npy "
+        "and PREFIX_grads.npy (float32), real data for the codec benchmark",
+    )
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
+
+
+def add_compression_args(p):
+    """--compression, --compress-on-one-node, --error-feedback (the module docstring)."""
+    p.add_argument(
+        "--compression",
+        default=None,
+        help="compression policy passed to fourd.init(compression=...): a codec or preset for "
+        "every axis ('int8', 'zfp:rate=8', 'lossless', 'mzhybrid', 'zhybrid') or per-axis "
+        "entries such as 'data=zfp:rate=8;x,y,z=lossless'. A policy compresses only groups "
+        "that span nodes: on one machine it compresses nothing (see --compress-on-one-node)",
+    )
+    p.add_argument(
+        "--compress-on-one-node",
+        action="store_true",
+        help="also pass the policy's data-axis codec explicitly to sync_gradients, so every "
+        "data-parallel gradient bucket (the z+data ones too) is compressed even on one node",
+    )
+    p.add_argument(
+        "--error-feedback",
+        action="store_true",
+        help="error feedback on the gradient buckets whose all-reduce is lossy "
+        "(fourd.nn.sync_gradients(error_feedback=True))",
+    )
 
 
 # ---- model -----------------------------------------------------------------------------------
@@ -235,11 +285,22 @@ class Trainer:
         if cfg.get("all_gather"):
             cfg["prefetch_depth"] = args.prefetch_depth
         self.bucket = int(args.bucket_mb * 2**20)
+        # The gradient all-reduces' codec: None, the grid's policy decides (--compression); a
+        # codec with --compress-on-one-node.
+        self.sync = {
+            "compression": getattr(args, "sync_compression", None),
+            "error_feedback": bool(getattr(args, "error_feedback", False)),
+        }
         # "none": no overlap object at all, the plain blocking path.
         self.ov = None
         if cfg:
             self.ov = fnn.overlap(
-                self.model, average=True, bucket_bytes=self.bucket, optimizer=self.opt, **cfg
+                self.model,
+                average=True,
+                bucket_bytes=self.bucket,
+                optimizer=self.opt,
+                **self.sync,
+                **cfg,
             ).enable()
         c = grid.coords()
         self.rows = args.batch // self.shards
@@ -256,7 +317,9 @@ class Trainer:
         logits = model(inp)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
         loss.backward()
-        self.fnn.sync_gradients(model, average=True, bucket_bytes=self.bucket)
+        self.fnn.sync_gradients(model, average=True, bucket_bytes=self.bucket, **self.sync)
+        if args.dump_tensors and step == args.steps - 1:
+            dump_tensors(args.dump_tensors, model, grid.world_rank)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         _sync(args)
@@ -302,6 +365,125 @@ def run_4d(args, names, grid):
     return {n: t.finish() for n, t in trainers.items()}
 
 
+AXES = ("x", "y", "z", "data")
+
+
+def policy_arg(text):
+    """--compression as fourd.init takes it: None, per-axis entries "data=int8;x,y,z=lossless"
+    as a dict {axes: codec}, else the text itself (a codec or a preset)."""
+    if not text:
+        return None
+    entries = {}
+    for entry in text.split(";"):
+        head, sep, codec = entry.strip().partition("=")
+        axes = tuple(a.strip() for a in head.split(","))
+        if not sep or not all(a in AXES for a in axes):
+            return text  # a codec for every axis ("zfp:rate=8") or a preset
+        entries[axes if len(axes) > 1 else axes[0]] = codec.strip()
+    return entries
+
+
+def data_codec(policy_text):
+    """The codec a policy (fourd.grid.compression_policy's canonical text) names for the data
+    axis: the first entry that lists data, or a bare codec (every axis); None if none."""
+    for entry in policy_text.split(";") if policy_text else []:
+        head, sep, codec = entry.partition("=")
+        axes = head.split(",")
+        if not sep or not all(a in AXES for a in axes):
+            return entry
+        if "data" in axes:
+            return codec
+    return None
+
+
+def init_grid(args, ps):
+    """The grid: parallel_state's, built with the compression policy when one is given."""
+    import fourd
+
+    args.sync_compression = None
+    if args.compress_on_one_node and not args.compression:
+        raise SystemExit("--compress-on-one-node: expected --compression too")
+    policy = policy_arg(args.compression)
+    if policy is None:
+        return ps.initialize(x=args.x, y=args.y, z=args.z, data=args.data, order=args.order)
+    if args.compress_on_one_node:
+        args.sync_compression = data_codec(fourd.grid.compression_policy(policy))
+        if args.sync_compression is None:
+            raise SystemExit(f"--compress-on-one-node: {args.compression!r} names no data codec")
+    g = fourd.init(
+        x=args.x, y=args.y, z=args.z, data=args.data, order=args.order, compression=policy
+    )
+    return ps.initialize(grid=g)
+
+
+def compression_info(args, grid):
+    """What the gradient all-reduces use: the codec of each data-parallel group, its source
+    and where it applies, or why a policy codec does not apply."""
+    import fourd
+
+    out = {
+        "policy": fourd.grid.compression_policy(policy_arg(args.compression)) or None,
+        "sync_gradients_compression": args.sync_compression,
+        "error_feedback": args.error_feedback,
+    }
+    nbytes = int(args.bucket_mb * 2**20)
+    for axis in ("data", ("z", "data")):
+        e = grid.explain("all_reduce", nbytes, axis, compression=args.sync_compression)
+        out["+".join(axis) if isinstance(axis, tuple) else axis] = e["compression"]
+    return out
+
+
+def print_compression(comp):
+    d = comp["data"]
+    print(
+        f"compression: policy {comp['policy']}; sync_gradients codec "
+        f"{comp['sync_gradients_compression']}, error feedback {comp['error_feedback']}; "
+        f"data-parallel all-reduce uses {d['codec']} ({d['note'] or d['where']})"
+    )
+
+
+def write_outputs(args, results, shape, world, comp):
+    """--json (every setting's results) and --loss-log (the --overlap setting's curve)."""
+    if args.json:
+        out = {"mode": "4d", "grid": shape, "world": world, "results": results, "args": vars(args)}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.loss_log:
+        r = results[args.overlap]
+        write_loss_log(
+            args.loss_log,
+            args,
+            r["losses"],
+            r["step_times"],
+            mode="4d",
+            grid=shape,
+            world=world,
+            compression=comp,
+        )
+
+
+def dump_tensors(prefix, model, rank):
+    """Rank 0's weights and (synchronized) gradients of the last step, flattened in parameter
+    order, as PREFIX_weights.npy and PREFIX_grads.npy (float32): real data for measuring
+    codecs (python -m fourd.bench --compression ... --data PREFIX_grads.npy)."""
+    if rank != 0:
+        return
+    import numpy as np
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    w = torch.cat([p.detach().reshape(-1).float().cpu() for p in params])
+    g = torch.cat([p.grad.detach().reshape(-1).float().cpu() for p in params])
+    np.save(f"{prefix}_weights.npy", w.numpy())
+    np.save(f"{prefix}_grads.npy", g.numpy())
+
+
+def write_loss_log(path, args, losses, times, **extra):
+    steps = [{"step": i, "loss": v, "step_s": t} for i, (v, t) in enumerate(zip(losses, times))]
+    out = {**extra, "args": vars(args), "steps": steps, "final_loss": losses[-1]}
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def summarize(times):
     steady = times[2:] if len(times) > 4 else times
     return statistics.median(steady)
@@ -325,6 +507,8 @@ def main(argv=None):
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
+        if args.loss_log:
+            write_loss_log(args.loss_log, args, losses, times, mode="reference")
         return out
 
     from mpi4py import MPI
@@ -338,16 +522,19 @@ def main(argv=None):
 
     world = MPI.COMM_WORLD.Get_size()
     torch.set_num_threads(args.threads or (1 if world > 1 else torch.get_num_threads()))
-    grid = ps.initialize(x=args.x, y=args.y, z=args.z, data=args.data, order=args.order)
+    grid = init_grid(args, ps)
     me = grid.world_rank
     shape = grid.shape
     try:
         names = list(OVERLAPS) if args.sweep else [args.overlap]
+        comp = compression_info(args, grid)
         results = run_4d(args, names, grid)
         if me == 0 and not args.quiet and not args.sweep:
             r = results[args.overlap]
             for i, v in enumerate(r["losses"]):
                 print(f"step {i:3d} loss {v:.6f}  {r['step_times'][i] * 1e3:8.1f} ms")
+            if args.compression:
+                print_compression(comp)
             if r["stats"] or r["linear_calls_learned"]:
                 print(
                     f"overlap: Linear calls per step learned: {r['linear_calls_learned']}; "
@@ -370,19 +557,12 @@ def main(argv=None):
                         f"{name:8s} {r['median_step_s'] * 1e3:17.1f} {rel:>8s} "
                         f"{r['losses'][-1]:11.6f}"
                     )
-            if args.json:
-                out = {
-                    "mode": "4d",
-                    "grid": shape,
-                    "world": world,
-                    "results": results,
-                    "args": vars(args),
-                }
-                with open(args.json, "w") as f:
-                    json.dump(out, f, indent=1)
+            write_outputs(args, results, shape, world, comp)
         return results
     finally:
         ps.destroy_model_parallel()
+        if args.compression:  # built by init_grid, adopted by parallel_state
+            grid.finalize()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 - :class:`Linear`: AxoNN's 4D-parallel fully-connected layer (layouts in fourd/nn/linear.py and
   docs/training.md).
-- :func:`sync_gradients`: the data-parallel gradient reduction, bucketed.
+- :func:`sync_gradients`: the data-parallel gradient reduction, bucketed; optionally compressed
+  (``compression=``), with error feedback (``error_feedback=True``).
 - :func:`overlap`: OAR, ORS, OAG and data-parallel buckets during backward.
 - :func:`full_state_dict`: a model's state dict with every Linear's full weight and bias
   (``model.load_state_dict`` takes full or sharded entries).

@@ -9,6 +9,24 @@ bucket is one all-reduce; buckets are issued back to back (asynchronously) and w
 
 Cross-rank invariant: every rank builds the same buckets in the same order and issues them in
 bucket order, so the n-th collective on a communicator is the same bucket on every rank.
+
+Compression (docs/compression.md, docs/training.md): ``compression`` is the codec every bucket
+all-reduce is given (None: the grid's policy decides per group, which compresses only groups
+that span nodes). Which codec a bucket's all-reduce uses is asked of its communicator when the
+buckets are built, which also checks the codec against the bucket's dtype and device, before
+any bucket is reduced.
+
+Error feedback (``error_feedback=True``; EF-SGD, 1-bit Adam): a bucket whose all-reduce uses a
+lossy codec keeps a residual r, what the codec lost of this rank's contribution. Each step,
+with x the bucket's local (scaled) gradients: x += r is what is all-reduced, and
+r = x - decode(encode(x)) is kept for the next step, where decode(encode(.)) is the codec's
+round trip of the whole bucket on this rank (fourd._C.codec_round_trip). That is the error of the
+first hop's encoding, the sender's own quantization: the later re-encodings of partial sums in
+the ring, and the rail level of "hierarchical" (which encodes a node's sum, not this rank's
+gradient), are not fed back; the usual EF approximation. Residuals belong to their bucket and
+start at zero whenever buckets are (re)built. A bucket with no codec or a lossless one keeps
+none (error feedback is then a no-op). The round trip is one more encode and decode of the
+bucket on the host per step; codecs run on host buffers only.
 """
 
 from __future__ import annotations
@@ -18,6 +36,9 @@ import zlib
 import numpy as np
 import torch
 
+from .. import _C
+from .._tensor import dtype_name, resolve
+from ..errors import InvalidArgumentError
 from ..grid import axis_mask
 from ..parallel_state import mask_obj
 
@@ -38,6 +59,25 @@ def set_grad_axes(param: torch.nn.Parameter, axes) -> torch.nn.Parameter:
     axis_mask(axes)  # validate now, not at the first step
     setattr(param, GRAD_AXES_ATTR, axes)
     return param
+
+
+def check_compression(compression, error_feedback):
+    """The compression= and error_feedback= arguments of sync_gradients and overlap, checked
+    before any communication: (the codec's canonical text, or None for the grid's policy;
+    error_feedback as a bool). Raises InvalidArgumentError naming the argument."""
+    if compression is not None:
+        if not isinstance(compression, str):
+            raise InvalidArgumentError(
+                f"compression: expected None or a codec name such as 'int8', 'zfp:rate=8', "
+                f"'lossless' or 'none', found {compression!r}"
+            )
+        info = _C.codec_info(compression or "none")  # parses; raises for a bad codec
+        compression = info["codec"] or "none"
+    if not isinstance(error_feedback, (bool, np.bool_)):
+        raise InvalidArgumentError(
+            f"error_feedback: expected True or False, found {error_feedback!r}"
+        )
+    return compression, bool(error_feedback)
 
 
 def model_params(model) -> list:
@@ -62,6 +102,10 @@ class Bucket:
         "work",
         "late",
         "last_pos",
+        "ef_codec",
+        "residual",
+        "next_residual",
+        "decoded",
     )
 
     def __init__(self, mask, dtype, device, params, last_pos):
@@ -79,15 +123,51 @@ class Bucket:
         self.work = None
         self.late = False
         self.last_pos = last_pos
+        # error feedback: the lossy codec of the bucket's all-reduce (None: no feedback), the
+        # residual carried into this step, the one this step's launch computed (kept at
+        # complete(); a late relaunch recomputes it from the same carried residual), and the
+        # round trip's output.
+        self.ef_codec = None
+        self.residual = None
+        self.next_residual = None
+        self.decoded = None
+
+    def feed_back(self):
+        """Error feedback on the filled, scaled bucket: add the carried residual, then compute
+        the next one, flat - decode(encode(flat)), of what is about to be all-reduced."""
+        flat = self.flat
+        if self.decoded is None:
+            self.residual = torch.zeros_like(flat)
+            self.next_residual = torch.empty_like(flat)
+            self.decoded = torch.empty_like(flat)
+        flat.add_(self.residual)
+        code = resolve(flat, "gradient bucket", False)[2]
+        _C.codec_round_trip(
+            self.ef_codec, flat.data_ptr(), self.decoded.data_ptr(), flat.numel(), code
+        )
+        torch.sub(flat, self.decoded, out=self.next_residual)
+
+    def keep_residual(self):
+        """The step's all-reduce completed: its residual is carried into the next step."""
+        if self.decoded is not None:
+            self.residual, self.next_residual = self.next_residual, self.residual
 
 
 class GradSync:
     """Buckets of a model's parameters and their reduction. `scale` multiplies every gradient
-    (1/(Gz*Gdata) when averaging over the batch shards)."""
+    (1/(Gz*Gdata) when averaging over the batch shards). `compression`, `error_feedback`: see
+    the module docstring (checked here, before any communication)."""
 
     def __init__(
-        self, model, grid, bucket_bytes: int = DEFAULT_BUCKET_BYTES, average: bool = False
+        self,
+        model,
+        grid,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        average: bool = False,
+        compression=None,
+        error_feedback=False,
     ):
+        self.compression, self.error_feedback = check_compression(compression, error_feedback)
         self.grid = grid
         self.params = model_params(model)
         self.index = {id(p): i for i, p in enumerate(self.params)}
@@ -137,6 +217,26 @@ class GradSync:
             for p in b.params:
                 self.bucket_of[id(p)] = b
             b.expected = sum((counts or {}).get(id(p), 1) for p in b.params)
+            b.ef_codec = self.feedback_codec(b)
+
+    def feedback_codec(self, b: Bucket):
+        """The codec b's all-reduce will use when it is lossy and error feedback is on, else
+        None. Asking the communicator also checks an explicit codec against b's dtype and
+        device (InvalidArgumentError, on every rank alike: all build the same buckets)."""
+        if self.compression is None and not self.error_feedback:
+            return None  # the policy decides as the call runs; nothing to feed back
+        flat = b.flat
+        choice = self.grid.communicator(mask_obj(b.mask)).compression(
+            "all_reduce",
+            flat.numel() * flat.element_size(),
+            dtype_name(resolve(flat, "gradient bucket", False)[2]),
+            flat.device.type,
+            self.compression or "",
+        )
+        codec = choice["codec"]
+        if not self.error_feedback or codec is None or not _C.codec_info(codec)["lossy"]:
+            return None
+        return codec
 
     def signature(self, order: list, counts: dict | None = None) -> int:
         idx = [self.index[id(p)] for p in order]
@@ -161,7 +261,11 @@ class GradSync:
                 flat[off : off + n].copy_(g.reshape(-1))
         if self.scale != 1.0:
             flat.mul_(self.scale)
-        b.work = self.grid.all_reduce(flat, mask_obj(b.mask), async_op=True)
+        if b.ef_codec is not None:
+            b.feed_back()
+        b.work = self.grid.all_reduce(
+            flat, mask_obj(b.mask), async_op=True, compression=self.compression
+        )
         b.launched = True
 
     def relaunch_sync(self, b: Bucket):
@@ -190,6 +294,8 @@ class GradSync:
                     p.grad = src.clone()
                 else:
                     p.grad.copy_(src)
+            if b.ef_codec is not None:
+                b.keep_residual()
             b.work = None
             b.launched = False
             b.arrived = 0

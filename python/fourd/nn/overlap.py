@@ -26,7 +26,8 @@ the data-parallel gradient reduction with backward.
 - grad_reduce: the data-parallel buckets (see fourd.nn.sync_gradients) are all-reduced as soon as
   all their gradients have arrived, while backward continues. Bucket composition is learned on
   the first step from the (deterministic) order in which gradients are produced, checked equal on
-  every rank, and buckets are issued strictly in bucket order.
+  every rank, and buckets are issued strictly in bucket order. compression= and
+  error_feedback= apply to these all-reduces as in sync_gradients (fourd/nn/grad_sync.py).
 
 Nothing here synchronises with a device or reads a tensor's value on the host: the hot path only
 issues collectives and polls their completion flags.
@@ -45,7 +46,7 @@ import torch
 
 from ..errors import InvalidArgumentError
 from ..parallel_state import default_grid
-from .grad_sync import DEFAULT_BUCKET_BYTES, GradSync, model_params
+from .grad_sync import DEFAULT_BUCKET_BYTES, GradSync, check_compression, model_params
 from .linear import Linear, deliver_grad
 
 _engines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -74,6 +75,8 @@ class Overlap:
         average=False,
         optimizer=None,
         grid=None,
+        compression=None,
+        error_feedback=False,
     ):
         if (
             not isinstance(prefetch_depth, int)
@@ -121,7 +124,11 @@ class Overlap:
         self._bwd_pref: dict = {}
         self._bwd_issued: set = set()
         # data-parallel reduction
-        self._sync = GradSync(model, self.grid, bucket_bytes, self.average)
+        self._sync = GradSync(
+            model, self.grid, bucket_bytes, self.average, compression, error_feedback
+        )
+        self.compression = self._sync.compression
+        self.error_feedback = self._sync.error_feedback
         self._learned = False
         self._first_seen: dict = {}
         self._counts: dict = {}
@@ -404,12 +411,16 @@ def overlap(
     average=False,
     optimizer=None,
     grid=None,
+    compression=None,
+    error_feedback=False,
 ) -> Overlap:
     """Overlap settings for `model` (see the module docstring): a context manager, or call
     ``.enable()``. all_reduce = OAR, reduce_scatter = ORS, all_gather = OAG (prefetch_depth
     layers ahead), grad_reduce = data-parallel buckets reduced during backward. average: the
     gradient reduction divides by the number of batch shards (Gz*Gdata). optimizer: its step()
-    first completes the step's pending reductions (so they are never skipped)."""
+    first completes the step's pending reductions (so they are never skipped). compression,
+    error_feedback: the codec of the gradient buckets' all-reduces (None: the grid's policy)
+    and error feedback on them, as in :func:`sync_gradients`."""
     return Overlap(
         model,
         all_reduce=all_reduce,
@@ -421,41 +432,67 @@ def overlap(
         average=average,
         optimizer=optimizer,
         grid=grid,
+        compression=compression,
+        error_feedback=error_feedback,
     )
 
 
 _plain: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def sync_gradients(model, *, average=None, bucket_bytes=None, grid=None):
+def _check_same(ov, **given):
+    """sync_gradients' arguments against the enabled overlap's (None: not given)."""
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name == "compression":
+            value = check_compression(value, False)[0]
+        elif name == "error_feedback":
+            value = check_compression(None, value)[1]
+        elif name == "average":
+            value = bool(value)
+        if value != getattr(ov, name):
+            raise InvalidArgumentError(
+                f"{name}: the model's overlap() was made with {name}={getattr(ov, name)!r}; "
+                f"found {value!r}"
+            )
+
+
+def sync_gradients(
+    model, *, average=None, bucket_bytes=None, grid=None, compression=None, error_feedback=None
+):
     """The data-parallel gradient reduction: each parameter's .grad summed over its group
     (Linear weights over data; biases, norms and other replicated parameters over z and data
     together, one collective per bucket), in buckets of about bucket_bytes. average=True divides
     by the number of batch shards (Gz*Gdata): use it when the loss is a mean over this rank's
-    shard. Collective over the world. When `model` has an enabled :func:`overlap`, this is its
-    ``finish()`` (which uses the overlap's own average/bucket_bytes; passing different values
-    raises)."""
+    shard. compression: the codec of every bucket all-reduce ("int8", "zfp:rate=8",
+    "lossless", ...; docs/compression.md); None: the grid's policy decides (it compresses only
+    groups that span nodes). error_feedback=True (default False): buckets whose all-reduce is
+    lossy carry the residual of their encoding into the next step (fourd/nn/grad_sync.py);
+    residuals start at zero when the buckets are rebuilt (another bucket_bytes, compression,
+    error_feedback, grid or parameter set). Bad arguments raise InvalidArgumentError before any
+    communication. Collective over the world. When `model` has an enabled :func:`overlap`, this
+    is its ``finish()`` (which uses the overlap's own average/bucket_bytes/compression/
+    error_feedback; passing different values raises)."""
     ov = _engines.get(model)
     if ov is not None and ov.enabled:
-        if average is not None and bool(average) != ov.average:
-            raise InvalidArgumentError(
-                f"average: the model's overlap() was made with average={ov.average}; found "
-                f"{average}"
-            )
-        if bucket_bytes is not None and bucket_bytes != ov.bucket_bytes:
-            raise InvalidArgumentError(
-                f"bucket_bytes: the model's overlap() was made with bucket_bytes="
-                f"{ov.bucket_bytes}; found {bucket_bytes}"
-            )
+        _check_same(
+            ov,
+            average=average,
+            bucket_bytes=bucket_bytes,
+            compression=compression,
+            error_feedback=error_feedback,
+        )
         ov.finish()
         return
     avg = bool(average) if average is not None else False
     nbytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
+    codec, ef = check_compression(compression, False if error_feedback is None else error_feedback)
     g = default_grid(grid)
-    key = (id(g), avg, nbytes, tuple(id(p) for p in model_params(model)))
+    key = (id(g), avg, nbytes, codec, ef, tuple(id(p) for p in model_params(model)))
     entry = _plain.get(model)
     if entry is None or entry[0] != key:
-        s = GradSync(model, g, nbytes, avg)
+        s = GradSync(model, g, nbytes, avg, codec, ef)
         s.build(list(reversed(s.params)))
         entry = (key, s)
         _plain[model] = entry
