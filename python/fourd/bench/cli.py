@@ -21,6 +21,10 @@ from .stop import StopRequest, signal_name
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--compression" or a.startswith("--compression=") for a in argv):
+        from . import compression  # compressed collectives next to uncompressed ones
+
+        return compression.main(argv)
     t_start = time.perf_counter()
     start_time = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     from mpi4py import MPI
