@@ -1,0 +1,38 @@
+"""Compares two loss logs of examples/train_gpt_4d.py (--loss-log): the loss curves step by step
+and the step times (median from step 5, after the warm-up steps), the first file the baseline.
+
+    python bench/compare_losses.py base.json other.json
+"""
+
+import json
+import statistics
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv):
+    base, other = load(argv[0]), load(argv[1])
+    lb = [s["loss"] for s in base["steps"]]
+    lo = [s["loss"] for s in other["steps"]]
+    tb = statistics.median(s["step_s"] for s in base["steps"][5:])
+    to = statistics.median(s["step_s"] for s in other["steps"][5:])
+    print(f"{'step':>5}{'loss ' + argv[0].rsplit('/', 1)[-1]:>40}{'other':>12}{'rel diff':>10}")
+    for i in range(0, len(lb), max(1, len(lb) // 12)):
+        print(f"{i:>5}{lb[i]:>40.5f}{lo[i]:>12.5f}{(lo[i] - lb[i]) / lb[i]:>+10.2%}")
+    rel = (lo[-1] - lb[-1]) / lb[-1]
+    print(f"final loss after {len(lb)} steps: {lb[-1]:.5f} vs {lo[-1]:.5f} ({rel:+.2%})")
+    print(
+        f"median step time from step 5: {tb * 1e3:.1f} ms vs {to * 1e3:.1f} ms "
+        f"({(to - tb) / tb:+.1%}; other / base {to / tb:.3f})"
+    )
+    c = other.get("compression") or {}
+    if c:
+        print(f"other's data-parallel all-reduce: {c.get('data')}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

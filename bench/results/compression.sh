@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The compressed-collective recordings (docs/compression.md, "Figures"): as root, from the
+# repository root, with the virtual environment of the README's quick start. run_all.sh runs
+# this file last; it also runs alone. Each run's exact command is written beside its output as
+# <name>.cmd.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+MPIEXEC=$(dirname "$PY")/mpiexec
+OUT=bench/results
+CLUSTER="bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --python $PY"
+
+run() {  # name, then the command
+  local name=$1; shift
+  echo "$*" > "$OUT/$name.cmd"
+  echo "== $name: $*"
+  "$@" 2>&1 | tee "$OUT/$name.txt"
+}
+
+# 1. float32 all_reduce across 2 nodes x 2 ranks, 16-64 MiB, ZFP at rate 8 and int8 next to the
+#    same uncompressed hierarchical all_reduce and MPI's, at 1 Gbit/s and at 100 Mbit/s per node
+#    link (the slower run: 2 timed calls a round, no MPI column, whose flat ring takes minutes).
+run compression_2x2_1gbit $CLUSTER --rate 1gbit -- --compression zfp:rate=8,int8 \
+  -b 16M -e 64M -R 3 --link-rate 1gbit \
+  --json $OUT/compression_2x2_1gbit.json --csv $OUT/compression_2x2_1gbit.csv
+run compression_2x2_100mbit $CLUSTER --rate 100mbit -- --compression zfp:rate=8,int8 \
+  -b 16M -e 64M -n 2 -w 1 -R 3 --no-mpi --link-rate 100mbit \
+  --json $OUT/compression_2x2_100mbit.json --csv $OUT/compression_2x2_100mbit.csv
+
+# 2. Lossless codecs and auto on a trained model's weights and gradients (the GPT example's,
+#    after 30 steps; rank 0's tensors, tiled to 16 MiB), float32 and bfloat16, at 1 Gbit/s.
+TENSORS=${TMPDIR:-/tmp}/fourd_gpt
+FOURD_CALIBRATE=0 "$MPIEXEC" -n 4 "$PY" -m mpi4py examples/train_gpt_4d.py --data 4 \
+  --hidden 256 --layers 4 --heads 4 --steps 30 --quiet --dump-tensors "$TENSORS"
+for kind in weights grads; do
+  for dt in float32 bfloat16; do
+    run compression_lossless_${kind}_${dt} $CLUSTER --rate 1gbit -- \
+      --compression lossless,lossless:zstd,zfp:reversible,auto --data "${TENSORS}_$kind.npy" \
+      --dtype $dt -b 16M -e 16M -R 5 --link-rate 1gbit --no-mpi \
+      --json $OUT/compression_lossless_${kind}_${dt}.json
+  done
+done
+
+# 3. The GPT example on the 2 x 2 cluster at 1 Gbit/s, x=2 inside a node and data=2 across the
+#    nodes: uncompressed, then an MZHybrid-style policy (int8 on the data-parallel gradients,
+#    lossless on x, y, z), same seed and data; the loss curves and step times side by side.
+GPT="python -m mpi4py examples/train_gpt_4d.py --x 2 --data 2 --hidden 512 --layers 4 --heads 8
+  --seq 64 --batch 8 --steps 60 --quiet"
+run compression_gpt_2x2_none $CLUSTER --rate 1gbit -- $GPT --loss-log $OUT/compression_gpt_2x2_none.json
+run compression_gpt_2x2_mzhybrid $CLUSTER --rate 1gbit -- $GPT \
+  --compression "data=int8;x,y,z=lossless" --loss-log $OUT/compression_gpt_2x2_mzhybrid.json
+"$PY" bench/compare_losses.py $OUT/compression_gpt_2x2_none.json \
+  $OUT/compression_gpt_2x2_mzhybrid.json | tee $OUT/compression_gpt_2x2.txt
