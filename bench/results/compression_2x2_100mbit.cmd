@@ -1,0 +1,1 @@
+bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --python .venv/bin/python --rate 100mbit -- --compression zfp:rate=8,int8 -b 16M -e 64M -n 2 -w 1 -R 3 --no-mpi --link-rate 100mbit --json bench/results/compression_2x2_100mbit.json --csv bench/results/compression_2x2_100mbit.csv

@@ -1,0 +1,1 @@
+bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --python .venv/bin/python --rate 1gbit -- --compression zfp:rate=8,int8 -b 16M -e 64M -R 3 --link-rate 1gbit --json bench/results/compression_2x2_1gbit.json --csv bench/results/compression_2x2_1gbit.csv

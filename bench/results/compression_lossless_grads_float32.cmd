@@ -1,0 +1,1 @@
+bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --python .venv/bin/python --rate 1gbit -- --compression lossless,lossless:zstd,zfp:reversible,auto --data /tmp/fourd_gpt_grads.npy --dtype float32 -b 16M -e 16M -R 5 --link-rate 1gbit --no-mpi --json bench/results/compression_lossless_grads_float32.json

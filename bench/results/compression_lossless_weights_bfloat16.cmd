@@ -1,0 +1,1 @@
+bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --python .venv/bin/python --rate 1gbit -- --compression lossless,lossless:zstd,auto --data /tmp/fourd_gpt_weights.npy --dtype bfloat16 -b 16M -e 16M -R 5 --link-rate 1gbit --no-mpi --json bench/results/compression_lossless_weights_bfloat16.json
