@@ -124,3 +124,6 @@ for shape in 4x2; do
     -b 1M -e 64M -f 4 -R 3 --algorithm all --json $OUT/cluster_$shape.json \
     --csv $OUT/cluster_$shape.csv --plot $OUT/cluster_$shape.png
 done
+
+# Compressed collectives (root): bench/results/compression.sh.
+bash bench/results/compression.sh
