@@ -145,6 +145,8 @@ class Runner:
         self._failed: dict = {}  # (library/algorithm, axis, coll, dtype, op, in_place) -> reason
         self._oracle = check.Oracle()
         self._first_cell = True
+        # (collective, bytes, dtype, in place) of auto's cells timed before its tuning settled
+        self._unsettled: set = set()
         self._last_impl = None  # (library, algorithm) of the cell measured last
         self.wrong_total = 0
         self._cell_est: dict = {}  # (collective, mask, size, library, algorithm) -> seconds
@@ -284,6 +286,7 @@ class Runner:
             call()
             est = time.perf_counter() - t0
         if state not in _SETTLED and self.cfg.warmup_requested:
+            self._unsettled.add((bufs.collective, bufs.dtype, bool(in_place), nbytes))
             self.note(
                 ("unsettled",),
                 f"auto was timed before its tuning settled in some cells: -w {self.cfg.warmup} "
@@ -847,6 +850,13 @@ class Runner:
         }
         if impl.library == "fourd":
             _auto_fields(rec, impl, explained)
+            if rec["auto_tuning"] is not None:
+                # Its state when the timing began: the timed calls may finish the exploration.
+                timed_unsettled = any(
+                    k[:3] == (row.coll.name, row.dtype, bool(in_place)) and k[3] == row.nbytes
+                    for k in self._unsettled
+                )
+                rec["auto_tuning"] = {**rec["auto_tuning"], "timed_unsettled": timed_unsettled}
         return rec
 
 
