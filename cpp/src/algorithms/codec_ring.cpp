@@ -34,18 +34,6 @@ namespace {
 
 constexpr size_t kHeader = sizeof(uint64_t);
 
-size_t segmentBytes() {
-  static const size_t bytes = [] {
-    size_t v = size_t(1) << 20;
-    if (const char* e = std::getenv("FOURD_RING_SEGMENT_BYTES")) {
-      const long long x = std::atoll(e);
-      if (x >= 64) v = static_cast<size_t>(x);
-    }
-    return v;
-  }();
-  return bytes;
-}
-
 size_t align64(size_t b) { return (b + 63) / 64 * 64; }
 inline int mod(long a, int p) { return static_cast<int>(((a % p) + p) % p); }
 
@@ -55,7 +43,7 @@ struct Segments {
   size_t count, per;
   int n;
   Segments(size_t c, size_t es) : count(c) {
-    per = std::max<size_t>(1, segmentBytes() / es);
+    per = std::max<size_t>(1, ringSegmentBytes() / es);
     // Whole int8 and ZFP blocks per segment (256 and 4 values divide this).
     if (per > 1024) per = per / 1024 * 1024;
     n = count == 0 ? 1 : static_cast<int>((count + per - 1) / per);

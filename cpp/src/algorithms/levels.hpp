@@ -51,6 +51,9 @@ inline bool oneRankAllReduce(Schedule& s, const void* in, void* out, size_t byte
 }
 
 // ---- ring (ring.cpp) ----
+/// Raw bytes of one message segment of a ring step (FOURD_RING_SEGMENT_BYTES, 1 MiB by
+/// default): ring.cpp and codec_ring.cpp pipeline their steps in segments of this size.
+size_t ringSegmentBytes();
 /// Bytes of scratch for a ring reduce-scatter: three rotating receive buffers of the largest block.
 size_t ringReduceScatterScratch(const Blocks& blocks, size_t elemSize);
 void ringReduceScatter(Schedule& s, const void* in, void* out, const Blocks& blocks, DataType t,

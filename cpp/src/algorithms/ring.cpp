@@ -33,7 +33,24 @@ namespace fourd::detail {
 
 namespace {
 
-size_t segmentBytes() {
+// Segments of a block of `count` elements: at least one (possibly empty), so both ends of a
+// message agree on how many messages a block takes.
+struct Segs {
+  size_t count, per;
+  int n;
+  Segs(size_t c, size_t es) : count(c) {
+    per = std::max<size_t>(1, ringSegmentBytes() / es);
+    n = count == 0 ? 1 : static_cast<int>((count + per - 1) / per);
+  }
+  size_t off(int j) const { return std::min(count, per * static_cast<size_t>(j)); }
+  size_t len(int j) const { return std::min(count, off(j) + per) - off(j); }
+};
+
+inline int mod(long a, int p) { return static_cast<int>(((a % p) + p) % p); }
+
+}  // namespace
+
+size_t ringSegmentBytes() {
   static const size_t bytes = [] {
     size_t v = size_t(1) << 20;
     if (const char* e = std::getenv("FOURD_RING_SEGMENT_BYTES")) {
@@ -44,23 +61,6 @@ size_t segmentBytes() {
   }();
   return bytes;
 }
-
-// Segments of a block of `count` elements: at least one (possibly empty), so both ends of a
-// message agree on how many messages a block takes.
-struct Segs {
-  size_t count, per;
-  int n;
-  Segs(size_t c, size_t es) : count(c) {
-    per = std::max<size_t>(1, segmentBytes() / es);
-    n = count == 0 ? 1 : static_cast<int>((count + per - 1) / per);
-  }
-  size_t off(int j) const { return std::min(count, per * static_cast<size_t>(j)); }
-  size_t len(int j) const { return std::min(count, off(j) + per) - off(j); }
-};
-
-inline int mod(long a, int p) { return static_cast<int>(((a % p) + p) % p); }
-
-}  // namespace
 
 size_t ringReduceScatterScratch(const Blocks& blocks, size_t elemSize) {
   return 3 * std::max<size_t>(1, blocks.maxCount()) * elemSize;

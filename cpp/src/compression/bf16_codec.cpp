@@ -20,13 +20,8 @@
 
 #include "fourd/error.hpp"
 #include "internal/codec.hpp"
+#include "internal/cpu_dispatch.hpp"
 #include "internal/reduce_kernels.hpp"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define FOURD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FOURD_CLONES
-#endif
 
 namespace fourd::detail {
 
@@ -43,14 +38,6 @@ inline float floatOf(uint32_t u) {
   return f;
 }
 
-// float32 -> bfloat16, RNE; NaN -> quiet NaN (branch-free, so the loop vectorises).
-inline uint16_t toBf16(float f) {
-  const uint32_t u = bitsOf(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t nan = (u >> 16) | 0x40u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
 // float64 -> float32 rounded to odd: the nearest float32 toward zero, with its last bit set when
 // the conversion was inexact. NaN and Inf pass unchanged; overflow gives FLT_MAX (odd).
 inline float toFloatOdd(double d) {
@@ -63,11 +50,8 @@ inline float toFloatOdd(double d) {
   return floatOf(u);
 }
 
-FOURD_CLONES void encode32(const float* x, size_t n, uint16_t* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = toBf16(x[i]);
-}
 FOURD_CLONES void encode64(const double* x, size_t n, uint16_t* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = toBf16(toFloatOdd(x[i]));
+  for (size_t i = 0; i < n; ++i) out[i] = floatToBf16(toFloatOdd(x[i]));
 }
 FOURD_CLONES void decode64(const uint16_t* h, size_t n, double* out) {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<double>(floatOf(uint32_t{h[i]} << 16));
@@ -83,7 +67,7 @@ class Bf16Codec final : public Codec {
   size_t encode(const void* src, size_t count, void* dst) const override {
     uint16_t* out = static_cast<uint16_t*>(dst);
     if (dtype_ == DataType::kFloat32) {
-      encode32(static_cast<const float*>(src), count, out);
+      fromFloat32(out, static_cast<const float*>(src), count, DataType::kBFloat16);
     } else {
       encode64(static_cast<const double*>(src), count, out);
     }

@@ -28,13 +28,8 @@
 
 #include "fourd/error.hpp"
 #include "internal/codec.hpp"
+#include "internal/cpu_dispatch.hpp"
 #include "internal/reduce_kernels.hpp"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define FOURD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FOURD_CLONES
-#endif
 
 namespace fourd::detail {
 

@@ -44,12 +44,7 @@
 
 #include "fourd/error.hpp"
 #include "internal/codec.hpp"
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define FOURD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FOURD_CLONES
-#endif
+#include "internal/cpu_dispatch.hpp"
 
 namespace fourd::detail {
 
