@@ -45,7 +45,7 @@ constexpr const char* kAgreedEnvironment[] = {
     "FOURD_RING_SEGMENT_BYTES",  "FOURD_SHM_BUFFER_BYTES",
     "FOURD_HIERARCHICAL_CHUNKS", "FOURD_HIERARCHICAL_INTRA",
     "FOURD_HIERARCHICAL_INTER",  "FOURD_CUDA_BACKEND",
-    "FOURD_COMPRESSION"};
+    "FOURD_COMPRESSION",         "FOURD_SHM_CMA"};
 
 std::string describeConfig(const GridConfig& c) {
   std::ostringstream os;
@@ -97,6 +97,7 @@ std::string environmentError() {
       choiceEnvError("FOURD_TUNE", {"1", "0", "on", "off", "true", "false", "yes", "no"}),
       choiceEnvError("FOURD_CUDA_BACKEND", {"auto", "nccl", "mpi"}),
       choiceEnvError("FOURD_POLL", {"auto", "spin", "yield"}),
+      choiceEnvError("FOURD_SHM_CMA", {"auto", "on", "off", "1", "0"}),
   };
   for (const auto& e : errors)
     if (!e.empty()) return e;

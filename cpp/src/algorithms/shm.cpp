@@ -20,6 +20,18 @@
 //                   T = (k-1)/k n c + (k-1)/k n gamma + chunks s.
 //   all_gather      per chunk: copy my block's piece into my segment, barrier, copy the other
 //                   k-1 pieces out. T = n/k c + (k-1)/k n c + chunks s.
+// From 64 KiB per rank (FOURD_SHM_CMA), where the node's ranks may read each other's memory
+// (process_vm_readv; probed when the window is made, agreed by all), the three collectives
+// read the peers' buffers directly instead, one copy per byte and two barriers per operation
+// (three for all_reduce) whatever the size (see "single copy" below):
+//   all_gather      read the other k-1 blocks from the peers' outputs. T = (k-1)/k n c' + 2 s.
+//   reduce_scatter  read my block of each peer's input, a 64 KiB tile at a time, and reduce.
+//                   T = (k-1)/k n c' + (k-1)/k n gamma + 2 s.
+//   all_reduce      reduce_scatter into my slice of the output, then all_gather of the slices.
+//                   T = 2(k-1)/k n c' + (k-1)/k n gamma + 3 s.
+// c' is the kernel's copy time per byte, about the same as memcpy's on this kind of machine;
+// what the direct reads save is the barrier per chunk, which costs context switches when
+// ranks outnumber cores, and (all_gather, reduce_scatter) a copy of the data.
 // The cost model (cost_model.cpp) prices these phases (one chunk's barriers; the n/k store of
 // my reduced slice counted as a copy); calibration (python/fourd/profile/fit.py) fits shmBw to
 // the all-reduce formula.
@@ -44,11 +56,13 @@
 // building blocks as its intra-node level.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <utility>
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "algorithms/levels.hpp"
@@ -60,8 +74,14 @@
 namespace fourd::detail {
 
 struct ShmWindow {
-  static constexpr size_t kCtrl = 256;  // my barrier counter, on its own cache lines
+  // The control area of each rank, in 64-bit words: the barrier counter (word 0, its own
+  // cache line), the process id and the segment's address in that process (words 8 and 9),
+  // and what an operation publishes for single-copy reads (words 16 and 17).
+  static constexpr size_t kCtrl = 256;
+  static constexpr int kPidWord = 8, kSelfWord = 9, kPubWord = 16;
   std::unique_ptr<SharedSegment> seg;
+  std::vector<pid_t> pids;  // of the node's members, for single-copy reads
+  bool cma = false;         // every member may read every other's memory (process_vm_readv)
   const std::vector<int>* worldRanks = nullptr;  // of the node's members, for messages
   int k = 0, me = 0;
   size_t bufBytes = 0;      // bytes per buffer; each rank has three
@@ -71,6 +91,7 @@ struct ShmWindow {
   double spinMicros = 0.0;  // barrier spin before yielding: > 0 only with a core per rank
 
   uint64_t* counter(int j) const { return reinterpret_cast<uint64_t*>(seg->base(j)); }
+  uint64_t* word(int j, int i) const { return reinterpret_cast<uint64_t*>(seg->base(j)) + i; }
   char* buffer(int j, uint64_t chunk) const {
     return seg->base(j) + kCtrl + (chunk % 3) * bufBytes;
   }
@@ -190,6 +211,78 @@ double barrierSpin(int k) {
   return (!detail::oversubscribed() && cores > 0 && k <= cores) ? 50.0 : 0.0;
 }
 
+// FOURD_SHM_CMA: "off" (or 0) never reads a peer's memory directly, "on" (or 1) does so for
+// every all_gather, reduce_scatter and all_reduce of the shm paths and fails when the ranks
+// cannot, "auto" (the default) from kCmaMinBytes per rank where they can. Read once per
+// process; the same on every rank (the grid checks: the two paths pass different barriers).
+enum class CmaMode { kOff, kAuto, kOn };
+CmaMode cmaMode() {
+  static const CmaMode m = [] {
+    const char* e = std::getenv("FOURD_SHM_CMA");
+    const std::string v = e ? e : "";
+    if (v == "0" || v == "off" || v == "OFF") return CmaMode::kOff;
+    if (v == "1" || v == "on" || v == "ON") return CmaMode::kOn;
+    return CmaMode::kAuto;
+  }();
+  return m;
+}
+
+// Copies n bytes at address `remote` of member j's process into `local` (process_vm_readv: the
+// kernel copies straight from the peer's pages, one copy per byte).
+void cmaRead(const ShmWindow& w, int j, void* local, uint64_t remote, size_t n) {
+  char* l = static_cast<char*>(local);
+  while (n > 0) {
+    struct iovec li = {l, n};
+    struct iovec ri = {reinterpret_cast<void*>(remote), n};
+    const ssize_t got = process_vm_readv(w.pids[j], &li, 1, &ri, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int err = got < 0 ? errno : EIO;
+      throw BackendError("fourd: shm: reading " + std::to_string(n) + " bytes of world rank " +
+                             std::to_string(w.worldRanks->at(j)) + "'s memory failed: " +
+                             std::strerror(err) + " (FOURD_SHM_CMA=off avoids direct reads)",
+                         err);
+    }
+    l += got;
+    remote += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+}
+
+// Whether every member can read every other's memory: each reads, through process_vm_readv,
+// the process id word of each peer's control area and compares it with what the window shows
+// (a different pid namespace, a ptrace policy or a seccomp filter makes this fail), and all
+// agree (the paths differ in their barriers).
+bool cmaAgreed(Group& node, ShmWindow& w, OpContext& ctx) {
+  if (cmaMode() == CmaMode::kOff) return false;
+  w.pids.assign(w.k, 0);
+  int64_t ok = 1;
+  for (int j = 0; j < w.k; ++j) {
+    w.pids[j] = static_cast<pid_t>(*w.word(j, ShmWindow::kPidWord));
+    if (j == w.me) continue;
+    uint64_t seen = 0;
+    struct iovec li = {&seen, sizeof seen};
+    struct iovec ri = {
+        reinterpret_cast<void*>(*w.word(j, ShmWindow::kSelfWord) + ShmWindow::kPidWord * 8),
+        sizeof seen};
+    if (process_vm_readv(w.pids[j], &li, 1, &ri, 1, 0) != static_cast<ssize_t>(sizeof seen) ||
+        seen != *w.word(j, ShmWindow::kPidWord))
+      ok = 0;
+  }
+  int64_t all = 0;
+  node.backend().allReduce(Buffer(&ok, 1, DataType::kInt64), Buffer(&all, 1, DataType::kInt64),
+                           ReduceOp::kMin, ctx);
+  if (all != 1 && cmaMode() == CmaMode::kOn) {
+    throw BackendError(
+        "fourd: FOURD_SHM_CMA=on, but the ranks of this node cannot read each other's memory "
+        "(process_vm_readv failed on " +
+            std::string(ok ? "a peer" : "this rank") +
+            ": a ptrace policy, separate pid namespaces or a seccomp filter); use auto or off",
+        EPERM);
+  }
+  return all == 1;
+}
+
 std::shared_ptr<ShmWindow> newWindow(Group& node, size_t want, size_t cap, OpContext& ctx) {
   auto nw = std::make_shared<ShmWindow>();
   nw->k = node.size();
@@ -205,6 +298,8 @@ std::shared_ptr<ShmWindow> newWindow(Group& node, size_t want, size_t cap, OpCon
   // (each process maps the window separately). Otherwise the first operations through each
   // buffer pay a page fault per 4 KiB, several times the copy itself.
   std::memset(nw->seg->base(nw->me), 0, bytes);
+  *nw->word(nw->me, ShmWindow::kPidWord) = static_cast<uint64_t>(getpid());
+  *nw->word(nw->me, ShmWindow::kSelfWord) = reinterpret_cast<uint64_t>(nw->seg->base(nw->me));
   __atomic_store_n(nw->counter(nw->me), uint64_t(0), __ATOMIC_RELEASE);
   nw->seg->sync();
   node.backend().barrier(ctx);
@@ -212,6 +307,7 @@ std::shared_ptr<ShmWindow> newWindow(Group& node, size_t want, size_t cap, OpCon
   for (int j = 0; j < nw->k; ++j)
     for (size_t off = 0; off < bytes; off += 4096) sink = sink + nw->seg->base(j)[off];
   (void)sink;
+  nw->cma = cmaAgreed(node, *nw, ctx);
   return nw;
 }
 
@@ -239,9 +335,111 @@ ShmWindow* shmWindow(Group& node, size_t bytesPerRank, OpContext& ctx) {
   return raw;
 }
 
+namespace {
+
+// ---- single copy: each rank reads its peers' blocks straight from their buffers ----
+//
+// An operation publishes the addresses of its buffers in the control area, passes a barrier,
+// reads what it needs from each peer with process_vm_readv (the kernel copies from the peer's
+// pages: one copy per byte, as MPICH's CMA path), and passes a second barrier before it returns,
+// since a peer may still be reading its buffers. Two barriers per operation (three for
+// all_reduce) whatever the size, where the two-copy path passes one per buffer-sized chunk:
+// the difference that matters when ranks outnumber cores and each barrier costs context
+// switches. Reads start at the next rank and go round, so the ranks do not all read one peer.
+
+// Per-rank bytes from which "auto" reads directly (below it, the two-copy path's one barrier
+// per chunk and its cached buffers cost less than two barriers and the system calls).
+constexpr size_t kCmaMinBytes = 64 * 1024;
+
+bool useCma(const ShmWindow& w, size_t bytesPerRank) {
+  if (!w.cma) return false;
+  const CmaMode m = cmaMode();
+  return m == CmaMode::kOn || (m == CmaMode::kAuto && bytesPerRank >= kCmaMinBytes);
+}
+
+void publish(Schedule& s, ShmWindow* w, const void* a, const void* b) {
+  s.compute([w, a, b] {
+    *w->word(w->me, ShmWindow::kPubWord) = reinterpret_cast<uint64_t>(a);
+    *w->word(w->me, ShmWindow::kPubWord + 1) = reinterpret_cast<uint64_t>(b);
+  });
+}
+
+uint64_t published(const ShmWindow* w, int j, int which) {
+  return *w->word(j, ShmWindow::kPubWord + which);
+}
+
+// My block of the reduction, [B.offset(me), +B.count(me)) of every member's `which` buffer,
+// reduced into out, a tile at a time through a cache-sized scratch per peer.
+void cmaReduceMine(const ShmWindow* w, int which, const char* in, char* out, const Blocks& B,
+                   DataType t, ReduceOp op) {
+  const size_t es = dataTypeSize(t);
+  const int k = w->k, me = w->me;
+  const size_t tile = std::max<size_t>(1, 2 * kTileBytes / es);
+  std::vector<char> scratch(static_cast<size_t>(k - 1) * tile * es);
+  std::vector<const void*> srcs(k);
+  const size_t first = B.offset(me), count = B.count(me);
+  for (size_t o = 0; o < count; o += tile) {
+    const size_t n = std::min(tile, count - o);
+    const uint64_t off = (first + o) * es;
+    srcs[0] = in + off;  // my own input first: the output may alias it
+    for (int d = 1; d < k; ++d) {
+      const int j = (me + d) % k;
+      char* dst = scratch.data() + static_cast<size_t>(d - 1) * tile * es;
+      cmaRead(*w, j, dst, published(w, j, which) + off, n * es);
+      srcs[d] = dst;
+    }
+    reduceMany(out + o * es, srcs.data(), k, n, t, op);
+  }
+}
+
+// Every peer's block j of its `which` buffer into block j of buf.
+void cmaGatherOthers(const ShmWindow* w, int which, char* buf, const Blocks& B, size_t es) {
+  for (int d = 1; d < w->k; ++d) {
+    const int j = (w->me + d) % w->k;
+    const uint64_t off = B.offset(j) * es;
+    cmaRead(*w, j, buf + off, published(w, j, which) + off, B.count(j) * es);
+  }
+}
+
+void cmaAllGather(Schedule& s, ShmWindow* w, char* buf, const Blocks& B, size_t es) {
+  publish(s, w, buf, nullptr);
+  barrier(s, w);
+  s.compute([=] { cmaGatherOthers(w, 0, buf, B, es); });
+  barrier(s, w);
+}
+
+void cmaReduceScatter(Schedule& s, ShmWindow* w, const char* in, char* out, const Blocks& B,
+                      DataType t, ReduceOp op) {
+  publish(s, w, in, nullptr);
+  barrier(s, w);
+  s.compute([=] { cmaReduceMine(w, 0, in, out, B, t, op); });
+  barrier(s, w);
+}
+
+// reduce_scatter into my slice of out, then all_gather of the slices from the peers' outputs.
+// In place is safe: a peer reads slice j of my input only while I write slice me, and reads
+// my output's slice me only after the barrier that ends every reduction.
+void cmaAllReduce(Schedule& s, ShmWindow* w, const char* in, char* out, size_t count, DataType t,
+                  ReduceOp op) {
+  const size_t es = dataTypeSize(t);
+  const Blocks B = Blocks::even(count, w->k);
+  publish(s, w, in, out);
+  barrier(s, w);
+  s.compute([=] { cmaReduceMine(w, 0, in, out + B.offset(w->me) * es, B, t, op); });
+  barrier(s, w);
+  s.compute([=] { cmaGatherOthers(w, 1, out, B, es); });
+  barrier(s, w);
+}
+
+}  // namespace
+
 void shmAllReduce(Schedule& s, ShmWindow& wr, const void* inV, void* outV, size_t count, DataType t,
                   ReduceOp op) {
   ShmWindow* w = &wr;
+  if (useCma(*w, count * dataTypeSize(t) / w->k)) {
+    return cmaAllReduce(s, w, static_cast<const char*>(inV), static_cast<char*>(outV), count, t,
+                        op);
+  }
   const size_t es = dataTypeSize(t);
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);
@@ -319,6 +517,10 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
                       DataType t, ReduceOp op) {
   ShmWindow* w = &wr;
   const size_t es = dataTypeSize(t);
+  if (useCma(*w, B.maxCount() * es)) {
+    return cmaReduceScatter(s, w, static_cast<const char*>(inV), static_cast<char*>(outV), B, t,
+                            op);
+  }
   const char* in = static_cast<const char*>(inV);
   char* out = static_cast<char*>(outV);
   const int k = w->k, me = w->me;
@@ -361,6 +563,7 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
 void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataType t) {
   ShmWindow* w = &wr;
   const size_t es = dataTypeSize(t);
+  if (useCma(*w, B.maxCount() * es)) return cmaAllGather(s, w, static_cast<char*>(bufV), B, es);
   char* buf = static_cast<char*>(bufV);
   const int k = w->k, me = w->me;
   const size_t P = std::max<size_t>(1, w->bufBytes / es);

@@ -112,6 +112,7 @@ def test_wire_settings_must_agree(monkeypatch):
         ("FOURD_TUNE", "weird"),
         ("FOURD_RING_SEGMENT_BYTES", "12"),
         ("FOURD_HIERARCHICAL_CHUNKS", "0"),
+        ("FOURD_SHM_CMA", "maybe"),
         ("FOURD_ALGORITHM", "fastest"),
         ("FOURD_DEBUG", "2"),
         ("FOURD_ABORT_ON_TIMEOUT", "2"),
