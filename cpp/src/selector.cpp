@@ -52,6 +52,8 @@ Selector::Selector(const Group& group) : group_(group) {
     for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (x == "0" || x == "off" || x == "false" || x == "no") tuner_.setEnabled(false);
   }
+  if (const char* env = std::getenv("FOURD_ALGORITHM"); env && *env)
+    env_ = parseAlgorithm(env, "FOURD_ALGORITHM");
 }
 
 void Selector::setDefault(Algorithm a) noexcept {
@@ -62,11 +64,6 @@ void Selector::setDefault(Algorithm a) noexcept {
 Algorithm Selector::defaultAlgorithm() const noexcept {
   std::lock_guard<std::mutex> lock(memoMu_);
   return default_;
-}
-
-Algorithm Selector::envAlgorithm() {
-  const char* env = std::getenv("FOURD_ALGORITHM");
-  return env && *env ? parseAlgorithm(env, "FOURD_ALGORITHM") : Algorithm::kAuto;
 }
 
 bool Selector::flatTooLarge(const CallShape& call, const Group& runsOn, std::string* why) const {

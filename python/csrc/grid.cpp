@@ -317,7 +317,59 @@ void bindReductions(CommunicatorClass& c) {
            });
 }
 
+// A C-contiguous buffer-protocol view of `obj` (numpy) and its dtype code, or false with no
+// Python error set when `obj` is not one fourd takes this way.
+struct ArrayView {
+  Py_buffer view{};
+  bool held = false;
+  int code = -1;
+  ArrayView(const ArrayView&) = delete;
+  ArrayView& operator=(const ArrayView&) = delete;
+  ArrayView() = default;
+  ~ArrayView() {
+    if (held) PyBuffer_Release(&view);
+  }
+  bool get(py::handle obj, bool writable) {
+    const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    held = true;
+    code = bufferDtype(view);
+    return code >= 0;
+  }
+  uintptr_t ptr() const { return reinterpret_cast<uintptr_t>(view.buf); }
+  size_t count() const { return static_cast<size_t>(view.len / view.itemsize); }
+};
+
 void bindGatherScatter(CommunicatorClass& c) {
+  // The blocking hot paths of small messages, as all_reduce_array: two numpy arrays of one
+  // dtype in one call. False when either is not such an array or the dtypes differ (the caller
+  // then takes the general path, which names the problem).
+  c.def("all_gather_array",
+        [](Communicator& c, py::handle out, py::handle in, int algorithm, double timeout) {
+          ArrayView o, i;
+          if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
+          const CallOptions opt = opts(algorithm, timeout, false, false);
+          released([&] {
+            return c.allGather(buf(i.ptr(), i.count(), i.code, 0, 0),
+                               buf(o.ptr(), o.count(), o.code, 0, 0), opt);
+          });
+          return true;
+        });
+  c.def("reduce_scatter_array", [](Communicator& c, py::handle out, py::handle in, int op,
+                                   int algorithm, double timeout, bool acc32) {
+    ArrayView o, i;
+    if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
+    const CallOptions opt = opts(algorithm, timeout, false, acc32);
+    released([&] {
+      return c.reduceScatter(buf(i.ptr(), i.count(), i.code, 0, 0),
+                             buf(o.ptr(), o.count(), o.code, 0, 0),
+                             static_cast<fourd::ReduceOp>(op), opt);
+    });
+    return true;
+  });
   c.def("all_gather",
         [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
            int dev, int devIdx, uintptr_t stream, int algorithm, double timeout, bool async,

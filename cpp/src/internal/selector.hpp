@@ -113,11 +113,14 @@ class Selector {
   bool flatTooLarge(const CallShape& call, const Group& runsOn, std::string* why) const;
   Algorithm tunedOrModel(const CallShape& call, const Group& runsOn) const;
   Algorithm deviceChoice(const CallShape& call, const Group& runsOn) const;
-  static Algorithm envAlgorithm();
+  /// FOURD_ALGORITHM as the group was made (validated by the grid at init; read once, not per
+  /// call: getenv scans the whole environment).
+  Algorithm envAlgorithm() const noexcept { return env_; }
   void checkRuns(const CallShape& call, Algorithm a, const Group& runsOn) const;
 
   const Group& group_;
   Algorithm default_ = Algorithm::kAuto;
+  Algorithm env_ = Algorithm::kAuto;
   CodecSpec policy_;
   std::string policySource_;
   struct AutoCodec {
