@@ -1,5 +1,5 @@
 """Builds the C++ GoogleTest suites with CMake and runs them under ctest (unit tests without MPI,
-multi-rank tests under mpiexec with 1, 2, 3 and 4 ranks, each with a ctest TIMEOUT)."""
+multi-rank tests under mpiexec with 1, 2, 3, 4 and 8 ranks, each with a ctest TIMEOUT)."""
 
 import os
 import shutil
