@@ -127,3 +127,6 @@ done
 
 # Compressed collectives (root): bench/results/compression.sh.
 bash bench/results/compression.sh
+
+# One node: shm's direct reads and the small-call path: bench/results/onenode_shm.sh.
+bash bench/results/onenode_shm.sh

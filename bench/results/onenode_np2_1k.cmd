@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --ranks-per-node 2 --grid x=2 --axis x -b 1K -e 1K -R 11 --collective all_gather,all_reduce --algorithm auto,flat --baseline mpi --json bench/results/onenode_np2_1k.json

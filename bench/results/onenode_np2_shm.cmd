@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --ranks-per-node 2 --grid x=2 --axis x -b 16K -e 64M -R 3 --algorithm auto,shm,flat --baseline mpi --json bench/results/onenode_np2_shm.json --csv bench/results/onenode_np2_shm.csv

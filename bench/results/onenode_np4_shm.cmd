@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m fourd.bench --ranks-per-node 4 --grid x=4 --axis x -b 16K -e 64M -R 3 --algorithm auto,shm,flat --baseline mpi --json bench/results/onenode_np4_shm.json --csv bench/results/onenode_np4_shm.csv
