@@ -607,20 +607,14 @@ class Grid:
             comm, _, algc = self._calls[(axis, "sum", algorithm)]
         except (KeyError, TypeError):
             comm, _, algc = self._plan_call(axis, "sum", algorithm)
-        if (
-            not async_op
-            and compression is None
-            and type(output) is np.ndarray
-            and type(input) is np.ndarray
+        if _arrays_at_once(async_op, compression, output, input) and _native_arrays(
+            comm.all_gather_array,
+            output,
+            input,
+            algc,
+            0.0 if timeout is None else _timeout(timeout),
         ):
-            try:  # the common blocking numpy call, in one native call
-                if comm.all_gather_array(
-                    output, input, algc, 0.0 if timeout is None else _timeout(timeout)
-                ):
-                    return None
-            except _FAILED:
-                _quarantine(output, input)
-                raise
+            return None
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
@@ -672,25 +666,16 @@ class Grid:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
             comm, opc, algc = self._plan_call(axis, op, algorithm)
-        if (
-            not async_op
-            and compression is None
-            and type(output) is np.ndarray
-            and type(input) is np.ndarray
+        if _arrays_at_once(async_op, compression, output, input) and _native_arrays(
+            comm.reduce_scatter_array,
+            output,
+            input,
+            opc,
+            algc,
+            0.0 if timeout is None else _timeout(timeout),
+            accumulate_fp32,
         ):
-            try:  # the common blocking numpy call, in one native call
-                if comm.reduce_scatter_array(
-                    output,
-                    input,
-                    opc,
-                    algc,
-                    0.0 if timeout is None else _timeout(timeout),
-                    accumulate_fp32,
-                ):
-                    return None
-            except _FAILED:
-                _quarantine(output, input)
-                raise
+            return None
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
         _check_pair(idt, odt, dev, odev)
@@ -922,6 +907,27 @@ def default_timeout() -> float:
 # go on using the tensor while the library writes only into the old storage. Other tensors
 # that view the same storage, and numpy arrays, keep the old memory (docs/errors.md).
 _QUARANTINE: list = []
+
+
+def _arrays_at_once(async_op, compression, output, input) -> bool:
+    """Whether a call with an output and an input is the common blocking numpy one that a
+    single native call (`*_array`) takes."""
+    return (
+        not async_op
+        and compression is None
+        and type(output) is np.ndarray
+        and type(input) is np.ndarray
+    )
+
+
+def _native_arrays(native, output, input, *args) -> bool:
+    """Runs the one-call numpy path `native(output, input, *args)`: False when it does not take
+    these arrays (the caller then takes the general path, which names the problem)."""
+    try:
+        return native(output, input, *args)
+    except _FAILED:
+        _quarantine(output, input)
+        raise
 
 
 def _quarantine(*objs) -> None:
