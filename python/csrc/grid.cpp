@@ -263,6 +263,32 @@ void bindCommunicatorInfo(CommunicatorClass& c) {
 }
 
 // The collectives, as Python resolves their buffers (grid.py is the only caller).
+// A C-contiguous buffer-protocol view of `obj` (numpy) and its dtype code, or false with no
+// Python error set when `obj` is not one fourd takes this way.
+struct ArrayView {
+  Py_buffer view{};
+  bool held = false;
+  int code = -1;
+  ArrayView(const ArrayView&) = delete;
+  ArrayView& operator=(const ArrayView&) = delete;
+  ArrayView() = default;
+  ~ArrayView() {
+    if (held) PyBuffer_Release(&view);
+  }
+  bool get(py::handle obj, bool writable) {
+    const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    held = true;
+    code = bufferDtype(view);
+    return code >= 0;
+  }
+  uintptr_t ptr() const { return reinterpret_cast<uintptr_t>(view.buf); }
+  size_t count() const { return static_cast<size_t>(view.len / view.itemsize); }
+};
+
 void bindReductions(CommunicatorClass& c) {
   c.def("all_reduce",
         [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev,
@@ -294,54 +320,17 @@ void bindReductions(CommunicatorClass& c) {
            // object (numpy) reduced in place in one call. False when the object is not one
            // (torch tensors, other dtypes): the caller then takes the general path.
            [](Communicator& c, py::handle obj, int op, int algorithm, double timeout, bool acc32) {
-             Py_buffer view;
-             const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE;
-             if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
-               PyErr_Clear();
-               return false;
-             }
-             struct Release {
-               Py_buffer* v;
-               ~Release() { PyBuffer_Release(v); }
-             } release{&view};
-             const int code = bufferDtype(view);
-             if (code < 0) return false;
-             const size_t n = static_cast<size_t>(view.len / view.itemsize);
-             const uintptr_t p = reinterpret_cast<uintptr_t>(view.buf);
+             ArrayView a;
+             if (!a.get(obj, true)) return false;
              const CallOptions o = opts(algorithm, timeout, false, acc32);
              released([&] {
-               return c.allReduce(buf(p, n, code, 0, 0), buf(p, n, code, 0, 0),
+               return c.allReduce(buf(a.ptr(), a.count(), a.code, 0, 0),
+                                  buf(a.ptr(), a.count(), a.code, 0, 0),
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return true;
            });
 }
-
-// A C-contiguous buffer-protocol view of `obj` (numpy) and its dtype code, or false with no
-// Python error set when `obj` is not one fourd takes this way.
-struct ArrayView {
-  Py_buffer view{};
-  bool held = false;
-  int code = -1;
-  ArrayView(const ArrayView&) = delete;
-  ArrayView& operator=(const ArrayView&) = delete;
-  ArrayView() = default;
-  ~ArrayView() {
-    if (held) PyBuffer_Release(&view);
-  }
-  bool get(py::handle obj, bool writable) {
-    const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
-      PyErr_Clear();
-      return false;
-    }
-    held = true;
-    code = bufferDtype(view);
-    return code >= 0;
-  }
-  uintptr_t ptr() const { return reinterpret_cast<uintptr_t>(view.buf); }
-  size_t count() const { return static_cast<size_t>(view.len / view.itemsize); }
-};
 
 void bindGatherScatter(CommunicatorClass& c) {
   // The blocking hot paths of small messages, as all_reduce_array: two numpy arrays of one

@@ -23,7 +23,7 @@
 // From 64 KiB per rank (FOURD_SHM_CMA), where the node's ranks may read each other's memory
 // (process_vm_readv; probed when the window is made, agreed by all), the three collectives
 // read the peers' buffers directly instead, one copy per byte and two barriers per operation
-// (three for all_reduce) whatever the size (see "single copy" below):
+// (three for all_reduce) whatever the size ("single copy" below):
 //   all_gather      read the other k-1 blocks from the peers' outputs. T = (k-1)/k n c' + 2 s.
 //   reduce_scatter  read my block of each peer's input, a 64 KiB tile at a time, and reduce.
 //                   T = (k-1)/k n c' + (k-1)/k n gamma + 2 s.
@@ -31,7 +31,7 @@
 //                   T = 2(k-1)/k n c' + (k-1)/k n gamma + 3 s.
 // c' is the kernel's copy time per byte, about the same as memcpy's on this kind of machine;
 // what the direct reads save is the barrier per chunk, which costs context switches when
-// ranks outnumber cores, and (all_gather, reduce_scatter) a copy of the data.
+// ranks outnumber cores, and (all_gather) the copy into the window.
 // The cost model (cost_model.cpp) prices these phases (one chunk's barriers; the n/k store of
 // my reduced slice counted as a copy); calibration (python/fourd/profile/fit.py) fits shmBw to
 // the all-reduce formula.
@@ -56,6 +56,7 @@
 // building blocks as its intra-node level.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -219,9 +220,10 @@ enum class CmaMode { kOff, kAuto, kOn };
 CmaMode cmaMode() {
   static const CmaMode m = [] {
     const char* e = std::getenv("FOURD_SHM_CMA");
-    const std::string v = e ? e : "";
-    if (v == "0" || v == "off" || v == "OFF") return CmaMode::kOff;
-    if (v == "1" || v == "on" || v == "ON") return CmaMode::kOn;
+    std::string v = e ? e : "";
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (v == "0" || v == "off") return CmaMode::kOff;
+    if (v == "1" || v == "on") return CmaMode::kOn;
     return CmaMode::kAuto;
   }();
   return m;
@@ -337,15 +339,12 @@ ShmWindow* shmWindow(Group& node, size_t bytesPerRank, OpContext& ctx) {
 
 namespace {
 
-// ---- single copy: each rank reads its peers' blocks straight from their buffers ----
+// ---- single copy (the costs: the file's header) ----
 //
 // An operation publishes the addresses of its buffers in the control area, passes a barrier,
-// reads what it needs from each peer with process_vm_readv (the kernel copies from the peer's
-// pages: one copy per byte, as MPICH's CMA path), and passes a second barrier before it returns,
-// since a peer may still be reading its buffers. Two barriers per operation (three for
-// all_reduce) whatever the size, where the two-copy path passes one per buffer-sized chunk:
-// the difference that matters when ranks outnumber cores and each barrier costs context
-// switches. Reads start at the next rank and go round, so the ranks do not all read one peer.
+// reads what it needs from each peer, and passes a last barrier before it returns, since a
+// peer may still be reading its buffers. Reads start at the next rank and go round, so the
+// ranks do not all read one peer.
 
 // Per-rank bytes from which "auto" reads directly (below it, the two-copy path's one barrier
 // per chunk and its cached buffers cost less than two barriers and the system calls).
