@@ -145,7 +145,7 @@ class Runner:
         self._failed: dict = {}  # (library/algorithm, axis, coll, dtype, op, in_place) -> reason
         self._oracle = check.Oracle()
         self._first_cell = True
-        # (collective, bytes, dtype, in place) of auto's cells timed before its tuning settled
+        # (collective, dtype, in place, bytes) of auto's cells timed before its tuning settled
         self._unsettled: set = set()
         self._last_impl = None  # (library, algorithm) of the cell measured last
         self.wrong_total = 0
@@ -852,10 +852,8 @@ class Runner:
             _auto_fields(rec, impl, explained)
             if rec["auto_tuning"] is not None:
                 # Its state when the timing began: the timed calls may finish the exploration.
-                timed_unsettled = any(
-                    k[:3] == (row.coll.name, row.dtype, bool(in_place)) and k[3] == row.nbytes
-                    for k in self._unsettled
-                )
+                key = (row.coll.name, row.dtype, bool(in_place), row.nbytes)
+                timed_unsettled = key in self._unsettled
                 rec["auto_tuning"] = {**rec["auto_tuning"], "timed_unsettled": timed_unsettled}
         return rec
 
