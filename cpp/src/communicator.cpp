@@ -3,6 +3,7 @@
 // Every check that can fail on bad input runs before any communication, on the calling thread.
 #include "fourd/communicator.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -149,7 +150,37 @@ Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType 
   out.settled = r.settled;
   out.exploreCalls = r.exploreCalls;
   out.recheckGap = r.recheckGap;
+  out.saved = r.saved;
   return out;
+}
+
+std::vector<Communicator::TunedCall> Communicator::tunedCalls() const {
+  const CommState& st = live();
+  std::vector<TunedCall> out;
+  for (const auto& [key, a] : st.selector.tuner().finalChoices(st.host->profile())) {
+    out.push_back({static_cast<Collective>(std::get<0>(key)), std::get<1>(key),
+                   static_cast<DataType>(std::get<2>(key)), a});
+  }
+  return out;
+}
+
+int Communicator::seedTuning(const std::vector<TunedCall>& calls) {
+  CommState& st = live();
+  auto& tuner = st.selector.tuner();
+  const auto profile = st.host->profile();
+  int taken = 0;
+  for (const auto& c : calls) {
+    const CallShape call{c.collective, c.nbytes,         c.dtype,
+                         false,        DeviceType::kCpu, countOf(c.nbytes, c.dtype)};
+    if (c.collective == Collective::kBroadcast || !tuner.tunes(c.nbytes, size())) continue;
+    // Only a choice this group would consider: the same profile and shape give the same
+    // shortlist on every rank, so every rank takes the same seeds.
+    const auto cands = st.selector.shortlist(call, profile);
+    if (std::find(cands.begin(), cands.end(), c.algorithm) == cands.end()) continue;
+    tuner.seed(call.key(), profile, c.algorithm);
+    ++taken;
+  }
+  return taken;
 }
 
 namespace {

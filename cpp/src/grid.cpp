@@ -94,7 +94,7 @@ std::string environmentError() {
       integerEnvError("FOURD_HIERARCHICAL_CHUNKS", 1, 64),
       choiceEnvError("FOURD_HIERARCHICAL_INTRA", {"ring", "rhd", "shm", "auto"}),
       choiceEnvError("FOURD_HIERARCHICAL_INTER", {"ring", "rhd", "shm", "auto"}),
-      choiceEnvError("FOURD_TUNE", {"1", "0", "on", "off", "true", "false", "yes", "no"}),
+      choiceEnvError("FOURD_TUNE", {"1", "0", "on", "off", "true", "false", "yes", "no", "inline"}),
       choiceEnvError("FOURD_CUDA_BACKEND", {"auto", "nccl", "mpi"}),
       choiceEnvError("FOURD_POLL", {"auto", "spin", "yield"}),
       choiceEnvError("FOURD_SHM_CMA", {"auto", "on", "off", "1", "0"}),

@@ -1,6 +1,7 @@
 // The engine of one operation (internal/op_spec.hpp): what runs between dispatch and the
 // algorithm, on the thread that runs it.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -196,14 +197,12 @@ void runAlgorithm(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
 
 namespace {
 
-// An `auto` call on host buffers: its tuning (tuner.hpp) picks the algorithm; the time of a
-// timed call goes back to it, and after the last timed call of its key every rank's medians
-// are made common (one MAX all-reduce on this group, at the same call on every rank).
-void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
+// One call's part in its key's tuning (tuner.hpp): `spec` run with the step's algorithm; the
+// time of a timed call goes back to the tuning, and after the last timed call of the key every
+// rank's medians are made common (one MAX all-reduce on this group, at the same call on every
+// rank).
+void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContext& ctx) {
   Tuner& tuner = s.selector.tuner();
-  const Tuner::Key key = spec.call.key();
-  const auto step =
-      tuner.next(key, spec.profile, [&] { return s.selector.shortlist(spec.call, spec.profile); });
   ctx.algorithm = algorithmName(step.algorithm);
   Backend& b = s.host->backend();
   // A candidate's timed calls start from a barrier (the first calls of a size only): else a
@@ -213,12 +212,62 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
   runAlgorithm(*s.host, spec, step.algorithm, ctx);
   if (!step.timed) return;
   const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  const Tuner::Key key = spec.call.key();
   std::vector<double> mine = tuner.record(key, spec.profile, step, dt);
   if (mine.empty()) return;
   std::vector<double> common(mine.size());
   b.allReduce(Buffer(mine.data(), mine.size(), DataType::kFloat64),
               Buffer(common.data(), common.size(), DataType::kFloat64), ReduceOp::kMax, ctx);
   tuner.settle(key, spec.profile, common);
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+using TrialStorage = std::unique_ptr<void, FreeDeleter>;
+
+// The buffers an upfront exploration runs on: the call's own where running it again and again
+// leaves its result as one run would (an out-of-place call rewrites its output from an input
+// it only reads; an in-place all_gather rewrites every block with the same data), else zeros
+// of the same size and layout held by `hold` (an in-place all_reduce or reduce_scatter would
+// reduce its own result again; zeros stay zeros under every op and never turn denormal).
+OpSpec trialSpec(const OpSpec& spec, TrialStorage& hold) {
+  OpSpec t = spec;
+  const bool inPlace =
+      spec.coll == Collective::kAllReduce ? spec.in.data == spec.out.data : spec.inPlace;
+  if (spec.coll == Collective::kAllGather || !inPlace) return t;
+  const size_t bytes = spec.in.bytes();  // in place: the input holds the output
+  hold.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  if (!hold) throw std::bad_alloc();
+  std::memset(hold.get(), 0, bytes);
+  char* base = static_cast<char*>(hold.get());
+  t.in.data = base;
+  t.out.data =
+      base + (static_cast<const char*>(spec.out.data) - static_cast<const char*>(spec.in.data));
+  return t;
+}
+
+// An `auto` call on host buffers: its tuning (tuner.hpp) picks the algorithm. Upfront (the
+// default), a key's exploration runs whole inside its second call, on trialSpec's buffers,
+// before the call's own work runs with the choice; inline, one step per call.
+void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
+  Tuner& tuner = s.selector.tuner();
+  const Tuner::Key key = spec.call.key();
+  auto shortlist = [&] { return s.selector.shortlist(spec.call, spec.profile); };
+  Tuner::Step step = tuner.next(key, spec.profile, shortlist);
+  if (step.candidate >= 0 && tuner.upfront()) {
+    TrialStorage hold;
+    const OpSpec trial = trialSpec(spec, hold);
+    // Bounded (the longest exploration is kPasses x kMaxCandidates x (kSmallWarm +
+    // kSmallTimed) calls), so that a profile replaced meanwhile cannot restart it forever.
+    const int most =
+        2 * Tuner::kPasses * Tuner::kMaxCandidates * (Tuner::kSmallWarm + Tuner::kSmallTimed);
+    for (int i = 0; step.candidate >= 0 && i < most; ++i) {
+      runStep(s, trial, step, ctx);
+      step = tuner.next(key, spec.profile, shortlist);
+    }
+  }
+  runStep(s, spec, step, ctx);
 }
 
 [[noreturn]] void abortJob(const std::string& msg) {

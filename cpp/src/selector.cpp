@@ -45,12 +45,14 @@ Algorithm cheapest(const std::vector<Prediction>& preds, bool noFlat) {
 }  // namespace
 
 Selector::Selector(const Group& group) : group_(group) {
-  // FOURD_TUNE=0 turns tuning in use off (tuner.hpp); it must be the same on every rank (the
-  // grid's agreement check compares it).
+  // FOURD_TUNE=0 turns tuning in use off, FOURD_TUNE=inline explores on the calls themselves
+  // (tuner.hpp); it must be the same on every rank (the grid's agreement check compares it).
+  tuner_.setUpfront(true);
   if (const char* v = std::getenv("FOURD_TUNE")) {
     std::string x(v);
     for (auto& ch : x) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (x == "0" || x == "off" || x == "false" || x == "no") tuner_.setEnabled(false);
+    if (x == "inline") tuner_.setUpfront(false);
   }
   if (const char* env = std::getenv("FOURD_ALGORITHM"); env && *env)
     env_ = parseAlgorithm(env, "FOURD_ALGORITHM");

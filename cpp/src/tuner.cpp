@@ -92,6 +92,11 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
     s.algorithm = e.settled;
     return s;
   }
+  if (upfront_ && e.round == 0 && !e.seen) {  // a size called once never explores
+    e.seen = true;
+    s.algorithm = e.cands[0];
+    return s;
+  }
   if (e.samples.empty()) e.samples.assign(m, {});
   const int i = e.calls < total ? e.calls : total - 1;
   ++e.calls;
@@ -153,6 +158,28 @@ void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& 
   e.samples.clear();
 }
 
+void Tuner::seed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                 Algorithm algorithm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entryLocked(key, profile);
+  e = Entry{};
+  e.cands = {algorithm};
+  e.settled = algorithm;
+  e.saved = true;
+}
+
+std::vector<std::pair<Tuner::Key, Algorithm>> Tuner::finalChoices(
+    const std::shared_ptr<const MachineProfile>& profile) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<Key, Algorithm>> out;
+  if (profile_ != profile) return out;
+  for (const auto& [key, e] : entries_) {
+    const bool explored = e.cands.size() > 1 && e.settled != Algorithm::kAuto && !e.provisional;
+    if (explored || e.saved) out.emplace_back(key, e.settled);
+  }
+  return out;
+}
+
 Tuner::Report Tuner::report(const Key& key,
                             const std::shared_ptr<const MachineProfile>& profile) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -167,10 +194,13 @@ Tuner::Report Tuner::report(const Key& key,
   r.exploreCalls =
       e.cands.size() <= 1 ? 0 : kPasses * static_cast<int>(e.cands.size()) * (e.warm + e.timed);
   r.recheckGap = kRecheckGap * r.exploreCalls;
-  if (e.cands.size() <= 1) {
+  r.saved = e.saved;
+  if (e.saved) {
+    r.state = "settled";
+  } else if (e.cands.size() <= 1) {
     r.state = "single";
   } else if (e.settled == Algorithm::kAuto) {
-    r.state = e.round == 0 ? "exploring" : "rechecking";
+    r.state = e.round != 0 ? "rechecking" : upfront_ && e.calls == 0 ? "seen once" : "exploring";
   } else {
     r.state = e.provisional ? "provisional" : "settled";
   }

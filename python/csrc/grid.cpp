@@ -415,6 +415,36 @@ void bindCompressionQuery(CommunicatorClass& c) {
       py::arg("device") = "cpu", py::arg("requested") = "");
 }
 
+// The choices of tuning in use that a run saves and the next one seeds (profile/tuning.py).
+void bindSavedTuning(CommunicatorClass& c) {
+  c.def(
+       "tuned_calls",
+       [](const Communicator& c) {
+         py::list out;
+         for (const auto& t : c.tunedCalls()) {
+           out.append(py::make_tuple(fourd::collectiveName(t.collective), t.nbytes,
+                                     fourd::toString(t.dtype), fourd::algorithmName(t.algorithm)));
+         }
+         return out;
+       },
+       "The choices tuning in use made final under the current profile: "
+       "[(collective, nbytes, dtype, algorithm)].")
+      .def(
+          "seed_tuning",
+          [](Communicator& c,
+             const std::vector<std::tuple<std::string, size_t, std::string, std::string>>& calls) {
+            std::vector<Communicator::TunedCall> v;
+            for (const auto& [coll, nbytes, dtype, alg] : calls) {
+              v.push_back({fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype),
+                           fourd::parseAlgorithm(alg)});
+            }
+            return c.seedTuning(v);
+          },
+          py::arg("calls"),
+          "Seeds saved choices [(collective, nbytes, dtype, algorithm)] (the same list on "
+          "every rank of the group); returns how many were taken.");
+}
+
 // What the selector and the tuning say of a call.
 void bindQueries(CommunicatorClass& c) {
   c.def(
@@ -451,6 +481,7 @@ void bindQueries(CommunicatorClass& c) {
             d["measured_s"] = secs;
             d["explore_calls"] = t.exploreCalls;
             d["recheck_gap"] = t.recheckGap;
+            d["saved"] = t.saved;
             d["settled"] = t.settled == fourd::Algorithm::kAuto
                                ? py::object(py::none())
                                : py::object(py::str(fourd::algorithmName(t.settled)));
@@ -572,6 +603,7 @@ void register_grid(py::module_& m) {
   bindReductions(comm);
   bindGatherScatter(comm);
   bindQueries(comm);
+  bindSavedTuning(comm);
   bindCompressionQuery(comm);
   bindGrid(m);
 }

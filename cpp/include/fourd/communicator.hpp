@@ -108,8 +108,26 @@ class Communicator {
     Algorithm settled = Algorithm::kAuto;
     int exploreCalls = 0;  ///< how many calls one exploration takes (0 when nothing to try)
     int recheckGap = 0;    ///< how many calls a switch runs before it is re-checked
+    bool saved = false;    ///< the choice came from a saved decision (seedTuning)
   };
   Tuning tuning(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
+
+  /// A final choice of tuning in use: calls of `nbytes` (the nccl-tests size) and `dtype` run
+  /// `algorithm`.
+  struct TunedCall {
+    Collective collective = Collective::kAllReduce;
+    size_t nbytes = 0;
+    DataType dtype = DataType::kFloat32;
+    Algorithm algorithm = Algorithm::kFlat;
+  };
+  /// The choices tuning in use has made final under the current profile (explored here, or
+  /// seeded), to save for the next run of the same layout.
+  std::vector<TunedCall> tunedCalls() const;
+  /// Seeds saved choices under the current profile: each becomes final at once, where it is
+  /// one of the call's candidates on this group (else it is left out). Every rank of the group
+  /// must pass the same list (collective in effect, though it communicates nothing). Returns
+  /// how many were taken.
+  int seedTuning(const std::vector<TunedCall>& calls);
 
   bool poisoned() const noexcept;
   std::string poisonReason() const;

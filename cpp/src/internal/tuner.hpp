@@ -27,6 +27,14 @@
 // - Re-check: a switch away from the model's choice runs provisionally for kRecheckGap times
 //   the exploration's calls, then the shortlist is explored again and each candidate's figure
 //   becomes the lower of its two (a passing slowdown only adds time); that decision is final.
+// - Upfront (the default; FOURD_TUNE=inline explores on the calls themselves instead): the
+//   first call of a key runs the model's choice; the whole exploration runs inside its second
+//   call, before that call's own work, on buffers that give its result unchanged
+//   (operation.cpp, runTuned), so a training loop runs the settled choice from its second
+//   step, and a size called once never pays for an exploration. The second call pays the
+//   exploration's runs at once (bounded by kWarmBytes and kTimedBytes per candidate and pass).
+// - Saved: a final decision can be seeded (seed(), from the machine profile's tuning file,
+//   python/fourd/profile/tuning.py), so that the next run of the same layout starts settled.
 //
 // Every rank must make the same choice for the same call, so nothing here depends on a rank's
 // own clock except the times that the all-reduce makes common: the schedule depends only on
@@ -39,6 +47,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fourd/cost_model.hpp"
@@ -95,6 +104,19 @@ class Tuner {
     return enabled_ && nbytes > 0 && groupSize > 1;
   }
   void setEnabled(bool on) noexcept { enabled_ = on; }
+  /// Whether an exploration runs all at once in the first call of its key (else one step per
+  /// call, FOURD_TUNE=inline).
+  bool upfront() const noexcept { return upfront_; }
+  void setUpfront(bool on) noexcept { upfront_ = on; }
+
+  /// Makes `algorithm` the final choice of `key` under `profile`, as if explored (a decision
+  /// saved by an earlier run). Replaces what the key held.
+  void seed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+            Algorithm algorithm);
+  /// The keys whose choice is final under `profile` (settled after an exploration, re-checked
+  /// where it switched, or seeded), each with the algorithm they run.
+  std::vector<std::pair<Key, Algorithm>> finalChoices(
+      const std::shared_ptr<const MachineProfile>& profile) const;
 
   /// The algorithm for the next call of `key` priced by `profile`. `candidates` computes the
   /// shortlist the first time the key is seen with this profile.
@@ -114,7 +136,8 @@ class Tuner {
   void settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
               const std::vector<double>& seconds);
 
-  /// What is known of `key`: "exploring", "provisional" (a switch, running until the second
+  /// What is known of `key`: "seen once" (upfront: the first call ran the model's choice, the
+  /// next one explores), "exploring", "provisional" (a switch, running until the second
   /// exploration), "rechecking" (that exploration) or "settled" (with the shortlist and, from
   /// "provisional", the common times), "single" (no rival on the shortlist: the model's choice
   /// runs), or nothing yet (`state` empty: no call of it has run with the current profile).
@@ -125,6 +148,7 @@ class Tuner {
     Algorithm settled = Algorithm::kAuto;
     int exploreCalls = 0;  ///< how many calls one exploration takes in all
     int recheckGap = 0;    ///< calls a switch runs before the second exploration
+    bool saved = false;    ///< seeded from a saved decision, not explored in this process
   };
   Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile) const;
 
@@ -140,12 +164,15 @@ class Tuner {
     int sinceSettle = 0;       ///< calls run provisionally
     Algorithm settled = Algorithm::kAuto;
     std::vector<double> seconds;
+    bool saved = false;  ///< seeded (seed())
+    bool seen = false;   ///< upfront: the first call ran (the model's choice)
   };
   Entry& entryLocked(const Key& key, const std::shared_ptr<const MachineProfile>& profile);
   Step stepLocked(Entry& e);
 
   mutable std::mutex mu_;
   bool enabled_ = true;
+  bool upfront_ = false;  ///< the selector's default is on (FOURD_TUNE unset)
   std::shared_ptr<const MachineProfile> profile_;  ///< the profile the entries were made with
   std::map<Key, Entry> entries_;
 };

@@ -264,3 +264,72 @@ TEST(Tuner, SettleIgnoresAStaleProfileOrAWrongCount) {
   t.settle(kKey, prof, {2.0, 1.0});
   EXPECT_EQ(t.report(kKey, prof).settled, Algorithm::kRhd);
 }
+
+TEST(Tuner, FinalChoicesAreSavedAndASeedRunsAtOnceUnderItsProfileOnly) {
+  Tuner t;
+  auto prof = std::make_shared<const MachineProfile>();
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
+  const Tuner::Key other{1, 4096, 0, false};
+  EXPECT_TRUE(t.finalChoices(prof).empty());
+  t.next(kKey, prof, make);
+  EXPECT_TRUE(t.finalChoices(prof).empty());  // exploring: nothing final
+  t.settle(kKey, prof, {1.0, 1.2});           // the model's choice kept: final
+  t.next(other, prof, [] { return std::vector<Algorithm>{Algorithm::kFlat}; });  // single
+  auto saved = t.finalChoices(prof);
+  ASSERT_EQ(saved.size(), 1u);  // a single candidate is no decision: not saved
+  EXPECT_EQ(saved[0].first, kKey);
+  EXPECT_EQ(saved[0].second, Algorithm::kRing);
+  // A switch is not final until re-checked.
+  Tuner u;
+  u.next(kKey, prof, make);
+  u.settle(kKey, prof, {2.0, 1.0});
+  EXPECT_EQ(u.report(kKey, prof).state, "provisional");
+  EXPECT_TRUE(u.finalChoices(prof).empty());
+  // A seed: settled at once, untimed, reported as saved and saved again.
+  Tuner s;
+  s.seed(other, prof, Algorithm::kRhd);
+  const auto r = s.report(other, prof);
+  EXPECT_EQ(r.state, "settled");
+  EXPECT_TRUE(r.saved);
+  EXPECT_EQ(r.settled, Algorithm::kRhd);
+  for (int i = 0; i < 3; ++i) {
+    const auto step = s.next(other, prof, make);
+    EXPECT_EQ(step.algorithm, Algorithm::kRhd);
+    EXPECT_FALSE(step.timed);
+    EXPECT_LT(step.candidate, 0);
+  }
+  ASSERT_EQ(s.finalChoices(prof).size(), 1u);
+  // Another profile prices the shortlist anew: the seed is gone.
+  auto prof2 = std::make_shared<const MachineProfile>();
+  EXPECT_TRUE(s.finalChoices(prof2).empty());
+  EXPECT_EQ(s.next(other, prof2, make).candidate, 0);
+  EXPECT_EQ(s.report(other, prof2).state, "exploring");
+}
+
+TEST(Tuner, UpfrontTheFirstCallRunsTheModelsChoiceAndTheSecondStartsTheExploration) {
+  Tuner t;
+  t.setUpfront(true);
+  auto prof = std::make_shared<const MachineProfile>();
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
+  const auto first = t.next(kKey, prof, make);
+  EXPECT_EQ(first.algorithm, Algorithm::kRing);
+  EXPECT_LT(first.candidate, 0);
+  EXPECT_FALSE(first.timed);
+  EXPECT_EQ(t.report(kKey, prof).state, "seen once");
+  EXPECT_TRUE(t.finalChoices(prof).empty());
+  const auto second = t.next(kKey, prof, make);  // the exploration's first step
+  EXPECT_EQ(second.candidate, 0);
+  EXPECT_EQ(t.report(kKey, prof).state, "exploring");
+  // The rest of the schedule is the inline one: a whole exploration in all.
+  int steps = 1;
+  for (auto s = second; s.candidate >= 0; s = t.next(kKey, prof, make)) {
+    if (s.timed) {
+      const auto got = t.record(kKey, prof, s, s.candidate == 0 ? 1.0 : 2.0);
+      if (s.last) t.settle(kKey, prof, got);
+    }
+    ++steps;
+  }
+  EXPECT_EQ(steps - 1, t.report(kKey, prof).exploreCalls);
+  EXPECT_EQ(t.report(kKey, prof).state, "settled");
+  EXPECT_EQ(t.report(kKey, prof).settled, Algorithm::kRing);
+}

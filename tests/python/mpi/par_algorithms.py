@@ -431,8 +431,14 @@ def _agreed_by_my_group(g, axis, value):
     return all(everyone[r] == value for r in g.ranks(axis))
 
 
-@pytest.mark.parametrize("count,warm,timed", [(2**18 + 5, 2, 12), (1021, 16, 64)])
-def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
+@pytest.mark.parametrize(
+    "count,warm,timed,mode",
+    [(2**18 + 5, 2, 12, "on"), (1021, 16, 64, "on"), (1021, 16, 64, "inline")],
+)
+def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed, mode, monkeypatch):
+    # on (the default): the first call of a size runs the model's choice, the whole
+    # exploration runs inside the second; inline: one step of it per call
+    monkeypatch.setenv("FOURD_TUNE", mode)
     g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
     # int32: just over 1 MiB (2 untimed calls, and 12 MiB of timed calls: 12 of them), or just
     # under 4 KiB (below 256 KiB: 16 untimed and 64 timed calls)
@@ -459,10 +465,17 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
         e = tu["explore_calls"]
         assert e == 2 * len(cands) * (warm + timed), tu
         assert tu["recheck_gap"] == 4 * e, tu
-        if states[e - 1] == "settled":  # the model's choice kept: final at once
+        if mode == "on" and states[1] == "settled":  # the model's choice kept: final at once
+            assert states == ["seen once", "settled"], (states, cands)
+        elif mode == "on":  # a switch runs provisionally, then the exploration runs again in
+            # one call before it is final (which may keep it, or return to the model's choice)
+            assert states == ["seen once"] + ["provisional"] * (4 * e) + ["settled"], (
+                states,
+                cands,
+            )
+        elif states[e - 1] == "settled":
             assert states == ["exploring"] * (e - 1) + ["settled"], (states, cands)
-        else:  # a switch: run provisionally, then explored again before it is final (which
-            # may keep it, or return to the model's choice)
+        else:
             assert states == ["exploring"] * (e - 1) + ["provisional"] * (4 * e + 1) + [
                 "rechecking"
             ] * (e - 1) + ["settled"], (states, cands)
@@ -488,6 +501,41 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed):
         )
     # A call that moves nothing has nothing to time.
     assert g.explain("all_reduce", 0, "world")["tuning"]["state"] == "off"
+    fourd.finalize()
+
+
+def test_auto_exploration_in_the_second_call_leaves_every_placement_exact():
+    """The second call of a size explores every candidate on buffers that leave its result
+    as one run would (operation.cpp, trialSpec): its own output must still be exact, in place
+    and out of place, for each collective, and the calls after it settled."""
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    cases = itertools.product(
+        [a for a in ("x", "world") if g.size(a) > 1], COLLECTIVES, (True, False)
+    )
+    for i, (axis, coll, inplace) in enumerate(cases):
+        # A size of its own per case (placement shares a size's tuning), about 2 KiB of int32:
+        # below 256 KiB every supported algorithm is explored.
+        count = 509 + 2 * i
+        p, gr = g.size(axis), g.rank(axis)
+        nb = 4 * count * (1 if coll == "all_reduce" else p)
+        assert g.explain(coll, nb, axis, "int32", inplace)["tuning"]["state"] == "not yet run"
+        states = []
+        for call in ("first", "second, which explores"):
+            what = f"auto {coll} {axis} in_place={inplace} (the {call} call)"
+            if coll == "reduce_scatter" and inplace:
+                inp = make(np.int32, values(ME, count * p))
+                mine = inp[gr * count : (gr + 1) * count]
+                fourd.reduce_scatter(mine, inp, axis, "max")
+                want = oracle("max", g.ranks(axis), count * p)[gr * count : (gr + 1) * count]
+                check(mine, want, "max", np.int32, what)
+            else:
+                run_one(g, "auto", coll, axis, np.int32, "max", count, inplace, what)
+            states.append(g.explain(coll, nb, axis, "int32", inplace)["tuning"]["state"])
+        tu = g.explain(coll, nb, axis, "int32", inplace)["tuning"]
+        assert states[0] in ("seen once", "single"), (what, states)
+        assert tu["state"] in ("settled", "provisional", "single"), (what, tu)
+        assert _agreed_by_my_group(g, axis, (tu["state"], tu["settled"])), tu
+        run_one(g, "auto", coll, axis, np.int32, "max", count, inplace, what + ", again")
     fourd.finalize()
 
 
