@@ -352,6 +352,9 @@ class Grid:
         self._native = native
         self._mpi_comm = comm
         self._comms: dict = {}
+        # Saved choices of tuning in use (profile/tuning.py; set at init by the profile policy):
+        # seeds every communicator made here and saves theirs at finalize.
+        self._tuning = None
         self._order = order
         self._rank = native.world_rank
         self._coords = native.coords(self._rank)
@@ -492,8 +495,17 @@ class Grid:
             if self._finalized:
                 raise NotInitializedError("fourd: this grid was finalized; call fourd.init() again")
             c = self._native.communicator(mask)
+            if self._tuning is not None:
+                self._tuning.seed(c)
             self._comms[mask] = c
         return c
+
+    def _attach_tuning(self, saved) -> None:
+        """Saved choices of tuning in use (profile/tuning.py): seeds the communicators made so
+        far, then every later one; saved again at finalize. Collective (init)."""
+        self._tuning = saved
+        for c in self._comms.values():
+            saved.seed(c)
 
     def _comm_for(self, axis):
         """The native communicator of an axis argument: a name, a tuple of names, a mask
@@ -791,7 +803,8 @@ class Grid:
         in_place: bool = False,
     ) -> dict:
         """What tuning in use knows of this call (``explain(...)["tuning"]``, without pricing
-        the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap."""
+        the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap,
+        saved."""
         return self._comm_for(axis).tuning(
             collective, _nbytes(nbytes), dtype, _flag(in_place, "in_place")
         )
@@ -818,6 +831,8 @@ class Grid:
         if self._finalized:
             return True
         self._finalized = True
+        if self._tuning is not None:  # rank 0 only writes; never raises
+            self._tuning.save(list(self._comms.values()))
         self._comms.clear()
         self._calls.clear()
         self._groups.clear()

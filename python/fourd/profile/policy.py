@@ -13,6 +13,10 @@ machine it runs on, identical on every rank (rank 0 decides and broadcasts):
    measurement (measure.measure: 3-10 seconds on a 2-core machine with 2-8 ranks) saved there
    for next time. Whatever the file says, ranks_per_node is this grid's.
 
+With a profile from 1 or 3, what tuning in use settled on in the last run of the same layout
+and profile seeds the grid's communicators, and what this run settles on is saved at finalize
+(tuning.py; not with the built-in defaults of 2).
+
 :func:`calibrate` (``fourd.calibrate``, and ``python -m fourd.plan --calibrate``) measures
 the planner's profile of this machine on a grid of its own (x = ranks per node, y = nodes:
 measure.collective_timer and measure.measure_node, fitted by fit.fit_profile) and saves it as
@@ -38,6 +42,7 @@ from .fields import FIELDS, Profile, to_native
 from .fit import fit_profile
 from .measure import collective_timer, measure, measure_node
 from .store import VERSION, cache_path, load, save, save_profile
+from .tuning import attach as attach_tuning
 
 _memo: dict = {}  # path -> profile dict (rank 0 only), so repeated init() reads a file once
 
@@ -209,6 +214,8 @@ def apply(grid) -> dict:
     nodes = [grid.node_of(r) for r in range(grid.world_size)]
     d["ranks_per_node"] = max(nodes.count(k) for k in set(nodes))
     grid.set_profile(to_native(d, grid.profile))
+    # What tuning in use settled on in the last run of this layout and profile (tuning.py).
+    attach_tuning(grid, cache_path(grid))
     return {
         "source": source if kind == "profile" else f"measured, saved to {source}",
         "profile": grid.profile.to_dict(),

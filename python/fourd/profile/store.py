@@ -67,7 +67,12 @@ def check(fields: dict, path: str) -> None:
 
 
 def save(d: dict, path: str, meta: dict | None = None) -> None:
-    """Writes a calibration file atomically (a temporary file, then rename), so that ranks of
+    """Writes a calibration file atomically (write_json)."""
+    write_json(path, {"fourd_calibration": meta or {"version": VERSION}, "profile": d})
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Writes `doc` as JSON atomically (a temporary file, then rename), so that ranks of
     another job reading the cache never see half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if os.path.isdir(path):
@@ -77,12 +82,7 @@ def save(d: dict, path: str, meta: dict | None = None) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(
-                {"fourd_calibration": meta or {"version": VERSION}, "profile": d},
-                f,
-                indent=2,
-                sort_keys=True,
-            )
+            json.dump(doc, f, indent=2, sort_keys=True)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -9,11 +9,13 @@ import shutil
 import tempfile
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 from par_algorithms import check, make, oracle, values
 
 import fourd
 from fourd.profile import policy, store
+from fourd.profile.fields import FIELDS
 
 WORLD = MPI.COMM_WORLD
 N = WORLD.Get_size()
@@ -51,6 +53,86 @@ def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch)
         g.set_profile(defaults)
         again = policy.apply(g)
         assert again["source"] == path and again["profile"] == mine
+        fourd.finalize()
+    finally:
+        WORLD.Barrier()
+        if ME == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _settle(g, axis, count):
+    """Runs auto all_reduce calls of `count` int32 (exact) until its tuning is final."""
+    for i in range(5000):
+        t = make(np.int32, values(ME, count, i % 3))
+        fourd.all_reduce(t, axis, algorithm="auto")
+        check(t, oracle("sum", g.ranks(axis), count, i % 3), "sum", np.int32, f"auto #{i}")
+        tu = g.explain("all_reduce", 4 * count, axis, "int32", True)["tuning"]
+        if tu["state"] in ("settled", "single"):
+            return tu
+    raise AssertionError(tu)
+
+
+def test_saved_tuning_starts_the_next_run_of_the_layout_settled(monkeypatch):
+    """What tuning in use settled on is saved at finalize beside the profile and seeds the
+    next init of the same layout and profile (profile/tuning.py); another profile, or
+    FOURD_TUNE_CACHE=0, starts afresh; a bad FOURD_TUNE_CACHE is refused on every rank."""
+    if N == 1:
+        return
+    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="fourd-par-tuning-") if ME == 0 else None)
+    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
+    monkeypatch.setenv("FOURD_TUNE_CACHE", "1")
+    monkeypatch.delenv("FOURD_TUNE", raising=False)
+    monkeypatch.setattr(policy, "_memo", {})
+    counts = (1021, 3001)  # below 256 KiB: every supported algorithm is a candidate
+    try:
+        prof = f"{tmp}/profile.json"
+        g = fourd.init(x=N, ranks_per_node=N)
+        fields = {k: v for k, v in g.profile.to_dict().items() if k in FIELDS}
+        if ME == 0:
+            store.save(fields, prof)
+        WORLD.Barrier()
+        monkeypatch.setenv("FOURD_PROFILE", prof)
+        fourd.finalize()
+        g = fourd.init(x=N, ranks_per_node=N)
+        first = {c: _settle(g, "world", c) for c in counts}
+        assert any(t["state"] == "settled" for t in first.values()), first  # something to save
+        fourd.finalize()  # rank 0 saves
+        WORLD.Barrier()
+        g = fourd.init(x=N, ranks_per_node=N)
+        for c in counts:
+            tu = g.explain("all_reduce", 4 * c, "world", "int32", True)["tuning"]
+            if first[c]["state"] == "single":
+                assert tu["state"] == "not yet run", tu
+                continue
+            assert tu["state"] == "settled" and tu["saved"], tu
+            assert tu["settled"] == first[c]["settled"], (tu, first[c])
+            t = make(np.int32, values(ME, c))
+            fourd.all_reduce(t, "world", algorithm="auto")
+            check(t, oracle("sum", g.ranks("world"), c), "sum", np.int32, "seeded auto")
+        fourd.finalize()
+        # Another profile: the saved choices were priced by the old one.
+        other = f"{tmp}/other.json"
+        if ME == 0:
+            store.save({**fields, "intra_bw": fields["intra_bw"] * 1.5}, other)
+        WORLD.Barrier()
+        monkeypatch.setenv("FOURD_PROFILE", other)
+        g = fourd.init(x=N, ranks_per_node=N)
+        assert (
+            g.explain("all_reduce", 4 * counts[0], "world", "int32", True)["tuning"]["state"]
+            == "not yet run"
+        )
+        fourd.finalize()
+        monkeypatch.setenv("FOURD_PROFILE", prof)
+        monkeypatch.setenv("FOURD_TUNE_CACHE", "0")
+        g = fourd.init(x=N, ranks_per_node=N)
+        assert (
+            g.explain("all_reduce", 4 * counts[0], "world", "int32", True)["tuning"]["state"]
+            == "not yet run"
+        )
+        fourd.finalize()
+        monkeypatch.setenv("FOURD_TUNE_CACHE", "maybe")
+        with pytest.raises(fourd.InvalidArgumentError, match="FOURD_TUNE_CACHE"):
+            fourd.init(x=N, ranks_per_node=N)
         fourd.finalize()
     finally:
         WORLD.Barrier()
