@@ -10,11 +10,12 @@ Its calls: the output's all-reduce over x (8 MiB), dX's over y (2 MiB), dW's ove
 (4 MiB) and db's over z+data (8 KiB).
 
 Each round runs every mode in turn on a fresh grid in this one process (so that their ratios
-come from one run; the order rotates from round to round): "off" (FOURD_TUNE=0), "on" (the default: a size's exploration runs inside
-its second call; the first round starts with no saved tuning, later rounds with what the round
-before saved at finalize), "inline" (FOURD_TUNE=inline: one step of it per call, nothing
-saved or read). The profile and the saved tuning live in a cache directory of this run's own
-(--cache; a new temporary one by default), so the first "on" round starts fresh.
+come from one run; the order rotates from round to round): "off" (FOURD_TUNE=0), "on" (the
+default: a size's exploration runs inside its second call; the first round starts with no
+saved tuning, later rounds with what the round before saved at finalize), "inline"
+(FOURD_TUNE=inline: one step of it per call, nothing saved or read). The profile and the saved
+tuning live in a cache directory of this run's own (--cache; a new temporary one by default),
+so the first "on" round starts fresh.
 
 Printed per mode and round: the slowest rank's time of each step, the first step after which
 every call of the layer is settled, and the median step time from step 5 on against "off" of

@@ -137,6 +137,10 @@ def test_lossless_overlapped_is_bit_identical(grid):
 def test_error_feedback_without_a_codec_is_a_no_op(grid):
     model = Params(shapes_all())
     grads = random_grads(model, 100 + ME)
+    # Tuning in use may switch algorithm at a size's second call (float sums then round
+    # differently): compare calls made after it.
+    for _ in range(2):
+        synced(model, grads, average=True)
     plain = synced(model, grads, average=True)
     for _ in range(3):
         got = synced(model, grads, average=True, error_feedback=True)  # no policy either
