@@ -258,7 +258,7 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
   if (step.candidate >= 0 && tuner.upfront()) {
     TrialStorage hold;
     const OpSpec trial = trialSpec(spec, hold);
-    // Bounded (the longest exploration is kPasses x kMaxCandidates x (kSmallWarm +
+    // Bounded (twice the longest exploration, kPasses x kMaxCandidates x (kSmallWarm +
     // kSmallTimed) calls), so that a profile replaced meanwhile cannot restart it forever.
     const int most =
         2 * Tuner::kPasses * Tuner::kMaxCandidates * (Tuner::kSmallWarm + Tuner::kSmallTimed);

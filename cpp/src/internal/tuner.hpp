@@ -104,7 +104,7 @@ class Tuner {
     return enabled_ && nbytes > 0 && groupSize > 1;
   }
   void setEnabled(bool on) noexcept { enabled_ = on; }
-  /// Whether an exploration runs all at once in the first call of its key (else one step per
+  /// Whether an exploration runs all at once in the second call of its key (else one step per
   /// call, FOURD_TUNE=inline).
   bool upfront() const noexcept { return upfront_; }
   void setUpfront(bool on) noexcept { upfront_ = on; }
