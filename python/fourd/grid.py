@@ -832,7 +832,7 @@ class Grid:
             return True
         self._finalized = True
         if self._tuning is not None:  # rank 0 only writes; never raises
-            self._tuning.save(list(self._comms.values()))
+            self._tuning.save(self)
         self._comms.clear()
         self._calls.clear()
         self._groups.clear()

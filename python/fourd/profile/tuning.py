@@ -20,8 +20,8 @@ The file is the profile cache's path (store.cache_path) with ``-tuning.json`` fo
   shape the choices of rank 0's.
 
 ``FOURD_TUNE_CACHE=0`` neither reads nor writes the file (the test suite's default, so that
-no test depends on what an earlier one saved). With FOURD_TUNE=0 there is nothing to seed or
-save.
+no test depends on what an earlier one saved). With FOURD_TUNE=0 the communicators take no
+seed and have nothing to save.
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ _ON = ("", "1", "on", "true", "yes")
 
 
 def enabled() -> bool:
-    """FOURD_TUNE_CACHE (default on) and tuning in use on (FOURD_TUNE not 0)."""
+    """FOURD_TUNE_CACHE (default on). With FOURD_TUNE=0 the communicators have no choice to
+    save and take no seed (Communicator.tuned_calls, seed_tuning)."""
     raw = os.environ.get("FOURD_TUNE_CACHE", "")
     v = raw.strip().lower()
     if v not in _OFF + _ON:
         raise InvalidArgumentError(f"FOURD_TUNE_CACHE: expected 1 (or unset) or 0; found {raw!r}")
-    return v not in _OFF and os.environ.get("FOURD_TUNE", "").strip().lower() not in _OFF
+    return v not in _OFF
 
 
 def path_for(profile_cache: str) -> str:
@@ -100,7 +101,7 @@ def read(path: str, profile_digest: str) -> dict:
 
 class SavedTuning:
     """The saved choices of one grid: seeds its communicators and saves theirs (grid.py calls
-    seed() for every communicator it makes and save() when it is finalized)."""
+    seed() for every communicator it makes and save(grid) when it is finalized)."""
 
     def __init__(self, path: str, profile_digest: str, groups: dict, writer: bool):
         self.path = path
@@ -119,16 +120,21 @@ class SavedTuning:
             warnings.warn(f"fourd: ignoring the saved tuning {self.path} ({e})", stacklevel=2)
             return 0
 
-    def save(self, comms) -> bool:
-        """Rank 0: merges the communicators' final choices into the file. Never raises (a
-        finalize at interpreter exit must not); returns whether the file was written."""
+    def save(self, grid) -> bool:
+        """Rank 0: merges the final choices of the grid's communicators into the file, unless
+        the grid's profile is no longer the one read at init (Grid.set_profile since: its
+        choices were priced by another). Never raises (a finalize at interpreter exit must
+        not); returns whether the file was written."""
         if not self.writer:
             return False
         try:
+            if digest(grid.profile.to_dict()) != self.digest:
+                return False
+            comms = list(grid._comms.values())
             merged = {k: {tuple(c[:3]): c for c in v} for k, v in self.groups.items()}
             changed = False
             for comm in comms:
-                if comm.size < 2 or comm.poisoned:
+                if comm.poisoned:
                     continue
                 mine = merged.setdefault(group_key(comm), {})
                 for c in comm.tuned_calls():
