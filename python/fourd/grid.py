@@ -955,7 +955,10 @@ def _quarantine(*objs) -> None:
                 o.untyped_storage(), o.storage_offset(), o.size(), o.stride()
             )
             fresh = o.detach().clone(memory_format=torch.contiguous_format)
-            o.data.set_(fresh.untyped_storage(), 0, o.size(), fresh.stride())
+            # On the tensor itself: `o.data` is another tensor object, and its set_ would
+            # leave `o` on the old storage. no_grad admits leaves that require grad.
+            with torch.no_grad():
+                o.set_(fresh.untyped_storage(), 0, o.size(), fresh.stride())
             _QUARANTINE.append(old)
         else:
             _QUARANTINE.append(o)

@@ -3,8 +3,10 @@ timed-out operation must never write the buffer afterwards.
 
 Run on 2 ranks: rank 1 sleeps LATE seconds before each call, rank 0 calls with a 0.5 s
 deadline, catches fourd.TimeoutError, fills its buffer with a marker and waits until rank 1's
-call has ended; then it checks the marker is intact. One fresh grid per case (a timeout poisons
-the axis). Prints one "CASE <name> rank <r>: ..." line per rank and case.
+late call has ended (rank 1 says so in an MPI message outside fourd) and SETTLE seconds more
+for the library to deliver whatever is left; then it checks the marker is intact. One fresh
+grid per case (a timeout poisons the axis). Prints one "CASE <name> rank <r>: ..." line per
+rank and case.
 
     python faults/reuse_after_timeout.py [LATE]
 """
@@ -20,6 +22,7 @@ from mpi4py import MPI
 import fourd
 
 LATE = float(sys.argv[1]) if len(sys.argv) > 1 else 2.0
+SETTLE = 1.0
 world = MPI.COMM_WORLD
 me = world.Get_rank()
 
@@ -34,19 +37,26 @@ def case(name, make, call):
     if me == 1:
         time.sleep(LATE)
         try:
-            call(buf, g, 3.0)
+            call(buf, g, 1.5)
             outcome = "completed"
         except fourd.Error as e:
             outcome = type(e).__name__
+        world.send(outcome, dest=0, tag=7)
         say(f"CASE {name} rank 1: late call {outcome}")
     else:
+        ended = world.irecv(source=1, tag=7)
         try:
             call(buf, g, 0.5)
             say(f"CASE {name} rank 0: NO-TIMEOUT")
         except fourd.TimeoutError:
             buf.fill_(-7) if isinstance(buf, torch.Tensor) else buf.fill(-7)
-            # Long enough for rank 1's late call and the library to deliver whatever is left.
-            time.sleep(LATE + 4.0)
+            deadline = time.monotonic() + 60
+            while not ended.test()[0]:
+                if time.monotonic() > deadline:
+                    say(f"CASE {name} rank 0: rank 1's late call did not end")
+                    world.Abort(1)
+                time.sleep(0.01)
+            time.sleep(SETTLE)
             intact = bool((buf == -7).all())
             say(f"CASE {name} rank 0: timeout reused-buffer-intact={intact}")
     world.Barrier()
