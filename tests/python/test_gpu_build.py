@@ -43,6 +43,7 @@ def test_gpu_part_compiles_and_links(tmp_path):
         "-DFOURD_DEV_COPY_MODULE=OFF",
         "-DCMAKE_BUILD_TYPE=Release",
         "-DCMAKE_CUDA_ARCHITECTURES=90-real",
+        "-DCMAKE_UNITY_BUILD=ON",  # as test_native's build
         "-G",
         "Ninja",
         f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",

@@ -96,6 +96,7 @@ def test_fourd_on_open_mpi(tmp_path):
             f"-Ccmake.define.pybind11_DIR={pybind11.get_cmake_dir()}",
             # The MPI is what is under test: no GPU part (its NCCL lives behind the .pth too).
             "-Ccmake.define.FOURD_CUDA=OFF",
+            "-Ccmake.define.CMAKE_UNITY_BUILD=ON",  # as test_native's build
             f"-Cbuild-dir={tmp_path / 'build'}",
             str(ROOT),
         ],
