@@ -264,7 +264,9 @@ def trainees(torch, dist, cfg: Config) -> list[Trainee]:
     return out
 
 
-SETTLED = ("settled", "single", "off")  # tuning states in which auto runs one algorithm
+# Tuning states in which auto runs one algorithm. "provisional" (a switch the exploration made,
+# re-checked after many times the exploration's calls, far beyond a benchmark's steps) is one.
+SETTLED = ("settled", "provisional", "single", "off")
 
 
 def bucket_sizes(ddp) -> list[int]:
