@@ -198,6 +198,21 @@ def _seconds(timeout) -> float | None:
     return s if s > 0 else None
 
 
+def _quarantine(op) -> None:
+    """A failed MPI operation: its requests and buffers stay alive (the library's collective
+    cannot be cancelled and writes its output when the late ranks arrive), and each torch
+    tensor among its buffers gets fresh storage holding its values, as fourd's own calls do
+    (grid._quarantine), so that the caller can reuse its tensors."""
+    _QUARANTINE.append(op)
+    stack = [op.keep]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, (tuple, list)):
+            stack.extend(o)
+        elif isinstance(o, torch.Tensor):
+            _grid._quarantine(o)
+
+
 def _mpi_wait(requests, deadline: float, what: str, keep=()) -> None:
     """Completes non-blocking MPI calls by polling until `deadline` (time.monotonic()); on
     expiry raises DistBackendError, keeping `requests` and `keep` alive (the library may still
@@ -656,7 +671,7 @@ class ProcessGroup(dist.ProcessGroup):
         try:
             op.progress(-1.0)
         except BaseException as e:  # a deadline (poisoned in _expired) or Ctrl-C
-            _QUARANTINE.append(op)
+            _quarantine(op)
             self._mpi_failure = self._mpi_failure or f"{what} was interrupted ({e!r})"
             raise
         if finish is not None:
@@ -669,7 +684,7 @@ class ProcessGroup(dist.ProcessGroup):
             f"not every rank of the group took part"
         )
         self._mpi_failure = msg
-        _QUARANTINE.append(op)
+        _quarantine(op)
         return DistBackendError(msg + "; the group's later MPI calls raise at once")
 
     def _agree(self, problem: str | None, what: str) -> None:

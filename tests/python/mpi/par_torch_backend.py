@@ -665,3 +665,31 @@ def test_a_rank_that_skips_a_collective(groups):
         assert time.monotonic() - t0 < deadline + 2
     MPI.COMM_WORLD.Barrier()
     world_sum_check()  # other groups are untouched
+
+
+def test_a_timed_out_mpi_call_never_writes_the_tensor_reused_after_it(groups):
+    """recv goes to the MPI library, whose receive stays posted after the deadline. Rank 0
+    gives up (0.5 s deadline) and reuses its tensor; rank 1 sends late, and the library
+    completes rank 0's receive while rank 0 makes other MPI calls: it writes the old storage
+    (quarantined; the test holds it to see the write land), never the tensor rank 0 reuses."""
+    g = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=0.5))
+    if ME > 1:
+        return
+    n = 1000
+    if ME == 1:
+        time.sleep(1.0)
+        dist.send(torch.full((n,), 5.0), dst=0, group=g)
+        return
+    out = torch.zeros(n)
+    old = out.untyped_storage()
+    at = old.data_ptr()
+    expect(dist.DistBackendError, ["recv", "timed out"], dist.recv, out, src=1, group=g)
+    assert out.untyped_storage().data_ptr() != at, "the tensor kept the storage MPI writes"
+    out.fill_(-7)
+    seen = torch.tensor([], dtype=torch.float32).set_(old)
+    deadline = time.monotonic() + 60
+    while not (seen == 5).all():
+        assert time.monotonic() < deadline, "rank 1's late send never landed"
+        MPI.COMM_WORLD.Iprobe()  # MPI progress, as a real program's later calls make
+        time.sleep(0.01)
+    assert (out == -7).all(), out
