@@ -4,6 +4,7 @@
 #include "fourd/communicator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -157,9 +158,10 @@ Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType 
 std::vector<Communicator::TunedCall> Communicator::tunedCalls() const {
   const CommState& st = live();
   std::vector<TunedCall> out;
-  for (const auto& [key, a] : st.selector.tuner().finalChoices(st.host->profile())) {
-    out.push_back({static_cast<Collective>(std::get<0>(key)), std::get<1>(key),
-                   static_cast<DataType>(std::get<2>(key)), a});
+  for (const auto& c : st.selector.tuner().choices(st.host->profile())) {
+    out.push_back({static_cast<Collective>(std::get<0>(c.key)), std::get<1>(c.key),
+                   static_cast<DataType>(std::get<2>(c.key)), c.algorithm, c.provisional, c.calls,
+                   c.cands, c.seconds});
   }
   return out;
 }
@@ -177,7 +179,16 @@ int Communicator::seedTuning(const std::vector<TunedCall>& calls) {
     // shortlist on every rank, so every rank takes the same seeds.
     const auto cands = st.selector.shortlist(call, profile);
     if (std::find(cands.begin(), cands.end(), c.algorithm) == cands.end()) continue;
-    tuner.seed(call.key(), profile, c.algorithm);
+    if (!c.provisional) {
+      tuner.seed(call.key(), profile, c.algorithm);
+      ++taken;
+      continue;
+    }
+    const bool figures = c.seconds.size() == cands.size() &&
+                         std::all_of(c.seconds.begin(), c.seconds.end(),
+                                     [](double s) { return std::isfinite(s) && s > 0; });
+    if (c.candidates != cands || c.algorithm == cands[0] || !figures || c.calls < 0) continue;
+    tuner.seedProvisional(call.key(), profile, cands, c.algorithm, c.seconds, c.calls);
     ++taken;
   }
   return taken;

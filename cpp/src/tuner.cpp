@@ -75,8 +75,10 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
   const int per = e.warm + e.timed;
   const int total = kPasses * m * per;
   if (e.provisional && e.sinceSettle >= kRecheckGap * total) {
-    // The re-check of a switch: the shortlist explored again, from its first call.
+    // The re-check of a switch: the shortlist explored again, from its first call (and here:
+    // a switch seeded from a saved run is no longer the saved decision).
     e.provisional = false;
+    e.saved = false;
     e.settled = Algorithm::kAuto;
     e.round = 1;
     e.calls = 0;
@@ -168,14 +170,35 @@ void Tuner::seed(const Key& key, const std::shared_ptr<const MachineProfile>& pr
   e.saved = true;
 }
 
-std::vector<std::pair<Tuner::Key, Algorithm>> Tuner::finalChoices(
+void Tuner::seedProvisional(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                            std::vector<Algorithm> cands, Algorithm algorithm,
+                            std::vector<double> seconds, int calls) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = entryLocked(key, profile);
+  const int timed = e.timed, warm = e.warm;
+  e = Entry{};
+  e.timed = timed;
+  e.warm = warm;
+  e.cands = std::move(cands);
+  e.settled = algorithm;
+  e.provisional = true;
+  e.sinceSettle = calls;
+  e.seconds = std::move(seconds);
+  e.saved = true;
+}
+
+std::vector<Tuner::Choice> Tuner::choices(
     const std::shared_ptr<const MachineProfile>& profile) const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::pair<Key, Algorithm>> out;
+  std::vector<Choice> out;
   if (profile_ != profile) return out;
   for (const auto& [key, e] : entries_) {
-    const bool explored = e.cands.size() > 1 && e.settled != Algorithm::kAuto && !e.provisional;
-    if (explored || e.saved) out.emplace_back(key, e.settled);
+    if (e.settled == Algorithm::kAuto) continue;  // exploring, or not yet
+    if (e.provisional) {
+      out.push_back({key, e.settled, true, e.sinceSettle, e.seconds, e.cands});
+    } else if (e.cands.size() > 1 || e.saved) {  // a single candidate is no decision
+      out.push_back({key, e.settled, false, 0, {}, {}});
+    }
   }
   return out;
 }
@@ -195,7 +218,7 @@ Tuner::Report Tuner::report(const Key& key,
       e.cands.size() <= 1 ? 0 : kPasses * static_cast<int>(e.cands.size()) * (e.warm + e.timed);
   r.recheckGap = kRecheckGap * r.exploreCalls;
   r.saved = e.saved;
-  if (e.saved) {
+  if (e.saved && !e.provisional) {
     r.state = "settled";
   } else if (e.cands.size() <= 1) {
     r.state = "single";

@@ -422,27 +422,52 @@ void bindSavedTuning(CommunicatorClass& c) {
        [](const Communicator& c) {
          py::list out;
          for (const auto& t : c.tunedCalls()) {
-           out.append(py::make_tuple(fourd::collectiveName(t.collective), t.nbytes,
-                                     fourd::toString(t.dtype), fourd::algorithmName(t.algorithm)));
+           py::tuple call =
+               py::make_tuple(fourd::collectiveName(t.collective), t.nbytes,
+                              fourd::toString(t.dtype), fourd::algorithmName(t.algorithm));
+           if (t.provisional) {
+             py::list cands;
+             for (auto a : t.candidates) cands.append(fourd::algorithmName(a));
+             call = py::make_tuple(call[0], call[1], call[2], call[3], t.calls, cands,
+                                   py::cast(t.seconds));
+           }
+           out.append(call);
          }
          return out;
        },
-       "The choices tuning in use made final under the current profile: "
-       "[(collective, nbytes, dtype, algorithm)].")
+       "The choices tuning in use made under the current profile: final ones "
+       "(collective, nbytes, dtype, algorithm), provisional switches (collective, nbytes, "
+       "dtype, algorithm, calls run since the exploration, [candidates], [seconds]).")
       .def(
           "seed_tuning",
-          [](Communicator& c,
-             const std::vector<std::tuple<std::string, size_t, std::string, std::string>>& calls) {
+          [](Communicator& c, const std::vector<py::tuple>& calls) {
             std::vector<Communicator::TunedCall> v;
-            for (const auto& [coll, nbytes, dtype, alg] : calls) {
-              v.push_back({fourd::parseCollective(coll), nbytes, fourd::parseDataType(dtype),
-                           fourd::parseAlgorithm(alg)});
+            for (const auto& t : calls) {
+              if (t.size() != 4 && t.size() != 7) {
+                throw fourd::InvalidArgument(
+                    "seed_tuning: expected tuples of 4 (a final choice) or 7 (a provisional "
+                    "one) items, found " +
+                    std::to_string(t.size()));
+              }
+              Communicator::TunedCall call{fourd::parseCollective(t[0].cast<std::string>()),
+                                           t[1].cast<size_t>(),
+                                           fourd::parseDataType(t[2].cast<std::string>()),
+                                           fourd::parseAlgorithm(t[3].cast<std::string>())};
+              if (t.size() == 7) {
+                call.provisional = true;
+                call.calls = t[4].cast<int>();
+                for (auto a : t[5].cast<std::vector<std::string>>()) {
+                  call.candidates.push_back(fourd::parseAlgorithm(a));
+                }
+                call.seconds = t[6].cast<std::vector<double>>();
+              }
+              v.push_back(std::move(call));
             }
             return c.seedTuning(v);
           },
           py::arg("calls"),
-          "Seeds saved choices [(collective, nbytes, dtype, algorithm)] (the same list on "
-          "every rank of the group); returns how many were taken.");
+          "Seeds saved choices, as tuned_calls gives them (the same list on every rank of "
+          "the group); returns how many were taken.");
 }
 
 // What the selector and the tuning say of a call.

@@ -112,21 +112,29 @@ class Communicator {
   };
   Tuning tuning(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
 
-  /// A final choice of tuning in use: calls of `nbytes` (the nccl-tests size) and `dtype` run
-  /// `algorithm`.
+  /// A choice of tuning in use: calls of `nbytes` (the nccl-tests size) and `dtype` run
+  /// `algorithm`. A provisional one is a switch away from the model's choice that has not yet
+  /// had its re-check: it carries the calls it has run since its exploration, the shortlist
+  /// and the exploration's common figures, one per candidate (Tuning::seconds).
   struct TunedCall {
     Collective collective = Collective::kAllReduce;
     size_t nbytes = 0;
     DataType dtype = DataType::kFloat32;
     Algorithm algorithm = Algorithm::kFlat;
+    bool provisional = false;
+    int calls = 0;
+    std::vector<Algorithm> candidates;
+    std::vector<double> seconds;
   };
-  /// The choices tuning in use has made final under the current profile (explored here, or
-  /// seeded), to save for the next run of the same layout.
+  /// The choices tuning in use has made under the current profile (final or provisional,
+  /// explored here or seeded), to save for the next run of the same layout.
   std::vector<TunedCall> tunedCalls() const;
-  /// Seeds saved choices under the current profile: each becomes final at once, where it is
-  /// one of the call's candidates on this group (else it is left out). Every rank of the group
-  /// must pass the same list (collective in effect, though it communicates nothing). Returns
-  /// how many were taken.
+  /// Seeds saved choices under the current profile. A final one runs at once, where it is one
+  /// of the call's candidates on this group; a provisional one runs at once and is re-checked
+  /// when its calls reach the re-check gap, where its candidates are the call's shortlist on
+  /// this group, it is not the model's choice, and its figures are positive, one per
+  /// candidate. Others are left out. Every rank of the group must pass the same list
+  /// (collective in effect, though it communicates nothing). Returns how many were taken.
   int seedTuning(const std::vector<TunedCall>& calls);
 
   bool poisoned() const noexcept;

@@ -33,8 +33,11 @@
 //   (operation.cpp, runTuned), so a training loop runs the settled choice from its second
 //   step, and a size called once never pays for an exploration. The second call pays the
 //   exploration's runs at once (bounded by kWarmBytes and kTimedBytes per candidate and pass).
-// - Saved: a final decision can be seeded (seed(), from the machine profile's tuning file,
-//   python/fourd/profile/tuning.py), so that the next run of the same layout starts settled.
+// - Saved: a decision can be seeded (from the machine profile's tuning file,
+//   python/fourd/profile/tuning.py), so that the next run of the same layout starts settled: a
+//   final one with seed(); a provisional switch with seedProvisional(), which keeps its count
+//   of calls and its figures, so that its re-check still comes once it has run the gap, over
+//   as many runs as that takes.
 //
 // Every rank must make the same choice for the same call, so nothing here depends on a rank's
 // own clock except the times that the all-reduce makes common: the schedule depends only on
@@ -113,10 +116,27 @@ class Tuner {
   /// saved by an earlier run). Replaces what the key held.
   void seed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
             Algorithm algorithm);
-  /// The keys whose choice is final under `profile` (settled after an exploration, re-checked
-  /// where it switched, or seeded), each with the algorithm they run.
-  std::vector<std::pair<Key, Algorithm>> finalChoices(
-      const std::shared_ptr<const MachineProfile>& profile) const;
+  /// Makes `algorithm` a provisional switch of `key` under `profile` (one saved by an earlier
+  /// run): it runs at once, and its re-check comes when it has run `calls` more than the
+  /// re-check gap, counting the `calls` it ran before; `cands` is the shortlist and `seconds`
+  /// the first exploration's common figures, one per candidate (the re-check takes each
+  /// candidate's lower figure of the two). Replaces what the key held.
+  void seedProvisional(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                       std::vector<Algorithm> cands, Algorithm algorithm,
+                       std::vector<double> seconds, int calls);
+
+  /// A choice to save: final (settled after an exploration, re-checked where it switched, or
+  /// seeded), or a provisional switch with what its re-check needs.
+  struct Choice {
+    Key key;
+    Algorithm algorithm = Algorithm::kFlat;
+    bool provisional = false;
+    int calls = 0;                 ///< provisional: calls it has run since its exploration
+    std::vector<double> seconds;   ///< provisional: the exploration's figures, per candidate
+    std::vector<Algorithm> cands;  ///< provisional: the shortlist they belong to
+  };
+  /// The keys under `profile` whose tuning has decided (final or provisional).
+  std::vector<Choice> choices(const std::shared_ptr<const MachineProfile>& profile) const;
 
   /// The algorithm for the next call of `key` priced by `profile`. `candidates` computes the
   /// shortlist the first time the key is seen with this profile.

@@ -5,8 +5,14 @@ in use").
 The file is the profile cache's path (store.cache_path) with ``-tuning.json`` for ``.json``::
 
     {"fourd_tuning": {"version": VERSION, "profile": "<digest of the profile's fields>"},
-     "groups": {"<mask>:<size>:<nodes>x<ranks per node>": [[collective, nbytes, dtype,
-                                                            algorithm], ...]}}
+     "groups": {"<mask>:<size>:<nodes>x<ranks per node>": [CALL, ...]}}
+
+where a CALL is ``[collective, nbytes, dtype, algorithm]`` for a final choice, or
+``[collective, nbytes, dtype, algorithm, calls, [candidates], [seconds]]`` for a provisional
+switch (one not yet re-checked): the calls it has run since its exploration, the shortlist and
+the exploration's common figures. The next run runs it at once and re-checks it when its calls,
+counted over the runs, reach the re-check gap, so a run shorter than the gap still starts
+settled, and a switch is still confirmed once before it is final.
 
 - ``fourd.init()`` (policy.apply, after the profile is set): rank 0 reads the file and
   broadcasts it; every communicator of the grid, made then or later, is seeded with the
@@ -91,12 +97,28 @@ def read(path: str, profile_digest: str) -> dict:
     out = {}
     for key, calls in groups.items():
         if isinstance(calls, list):
-            out[str(key)] = [
-                (str(c[0]), int(c[1]), str(c[2]), str(c[3]))
-                for c in calls
-                if isinstance(c, list) and len(c) == 4 and isinstance(c[1], int) and c[1] > 0
-            ]
+            out[str(key)] = [c for c in (_call(c) for c in calls) if c is not None]
     return out
+
+
+def _call(c) -> tuple | None:
+    """One saved call as seed_tuning takes it, or None for an entry this version cannot read
+    (the same file on every rank, so every rank skips it)."""
+    if not isinstance(c, list) or len(c) not in (4, 7):
+        return None
+    if not isinstance(c[1], int) or isinstance(c[1], bool) or c[1] <= 0:
+        return None
+    head = (str(c[0]), int(c[1]), str(c[2]), str(c[3]))
+    if len(c) == 4:
+        return head
+    calls, cands, seconds = c[4:]
+    if not isinstance(calls, int) or isinstance(calls, bool) or not 0 <= calls < 2**31:
+        return None
+    if not isinstance(cands, list) or not isinstance(seconds, list):
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seconds):
+        return None
+    return (*head, calls, [str(a) for a in cands], [float(v) for v in seconds])
 
 
 class SavedTuning:
@@ -106,7 +128,7 @@ class SavedTuning:
     def __init__(self, path: str, profile_digest: str, groups: dict, writer: bool):
         self.path = path
         self.digest = profile_digest
-        self.groups = groups  # group key -> [(collective, nbytes, dtype, algorithm)]
+        self.groups = groups  # group key -> [CALL as a tuple]
         self.writer = writer  # rank 0 of the grid
 
     def seed(self, comm) -> int:

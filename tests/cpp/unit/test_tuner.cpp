@@ -265,26 +265,34 @@ TEST(Tuner, SettleIgnoresAStaleProfileOrAWrongCount) {
   EXPECT_EQ(t.report(kKey, prof).settled, Algorithm::kRhd);
 }
 
-TEST(Tuner, FinalChoicesAreSavedAndASeedRunsAtOnceUnderItsProfileOnly) {
+TEST(Tuner, DecisionsAreSavedAndASeedRunsAtOnceUnderItsProfileOnly) {
   Tuner t;
   auto prof = std::make_shared<const MachineProfile>();
   auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
   const Tuner::Key other{1, 4096, 0, false};
-  EXPECT_TRUE(t.finalChoices(prof).empty());
+  EXPECT_TRUE(t.choices(prof).empty());
   t.next(kKey, prof, make);
-  EXPECT_TRUE(t.finalChoices(prof).empty());  // exploring: nothing final
-  t.settle(kKey, prof, {1.0, 1.2});           // the model's choice kept: final
+  EXPECT_TRUE(t.choices(prof).empty());  // exploring: nothing final
+  t.settle(kKey, prof, {1.0, 1.2});      // the model's choice kept: final
   t.next(other, prof, [] { return std::vector<Algorithm>{Algorithm::kFlat}; });  // single
-  auto saved = t.finalChoices(prof);
+  auto saved = t.choices(prof);
   ASSERT_EQ(saved.size(), 1u);  // a single candidate is no decision: not saved
-  EXPECT_EQ(saved[0].first, kKey);
-  EXPECT_EQ(saved[0].second, Algorithm::kRing);
-  // A switch is not final until re-checked.
+  EXPECT_EQ(saved[0].key, kKey);
+  EXPECT_EQ(saved[0].algorithm, Algorithm::kRing);
+  EXPECT_FALSE(saved[0].provisional);
+  // A switch is saved as provisional, with its calls, shortlist and figures.
   Tuner u;
   u.next(kKey, prof, make);
   u.settle(kKey, prof, {2.0, 1.0});
   EXPECT_EQ(u.report(kKey, prof).state, "provisional");
-  EXPECT_TRUE(u.finalChoices(prof).empty());
+  for (int i = 0; i < 7; ++i) u.next(kKey, prof, make);
+  const auto p = u.choices(prof);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_TRUE(p[0].provisional);
+  EXPECT_EQ(p[0].algorithm, Algorithm::kRhd);
+  EXPECT_EQ(p[0].calls, 7);
+  EXPECT_EQ(p[0].cands, make());
+  EXPECT_EQ(p[0].seconds, (std::vector<double>{2.0, 1.0}));
   // A seed: settled at once, untimed, reported as saved and saved again.
   Tuner s;
   s.seed(other, prof, Algorithm::kRhd);
@@ -298,12 +306,53 @@ TEST(Tuner, FinalChoicesAreSavedAndASeedRunsAtOnceUnderItsProfileOnly) {
     EXPECT_FALSE(step.timed);
     EXPECT_LT(step.candidate, 0);
   }
-  ASSERT_EQ(s.finalChoices(prof).size(), 1u);
+  ASSERT_EQ(s.choices(prof).size(), 1u);
   // Another profile prices the shortlist anew: the seed is gone.
   auto prof2 = std::make_shared<const MachineProfile>();
-  EXPECT_TRUE(s.finalChoices(prof2).empty());
+  EXPECT_TRUE(s.choices(prof2).empty());
   EXPECT_EQ(s.next(other, prof2, make).candidate, 0);
   EXPECT_EQ(s.report(other, prof2).state, "exploring");
+}
+
+TEST(Tuner, ASeededSwitchRunsAtOnceAndIsReCheckedWhenItsCallsOverTheRunsReachTheGap) {
+  Tuner t;
+  auto prof = std::make_shared<const MachineProfile>();
+  const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
+  const int calls = 2 * 2 * (2 + 3), gap = Tuner::kRecheckGap * calls, before = gap - 5;
+  // Saved after `before` calls of ring in an earlier run; flat read 2.4, ring 1.5 then.
+  t.seedProvisional(big, prof, make(), Algorithm::kRing, {2.4, 1.5}, before);
+  auto r = t.report(big, prof);
+  EXPECT_EQ(r.state, "provisional");
+  EXPECT_TRUE(r.saved);
+  EXPECT_EQ(r.settled, Algorithm::kRing);
+  EXPECT_EQ(r.candidates, make());
+  for (int i = 0; i < 5; ++i) {  // the rest of the gap: ring, untimed
+    const auto step = t.next(big, prof, make);
+    EXPECT_EQ(step.algorithm, Algorithm::kRing);
+    EXPECT_LT(step.candidate, 0);
+  }
+  ASSERT_EQ(t.choices(prof).size(), 1u);
+  EXPECT_EQ(t.choices(prof)[0].calls, gap);
+  // The re-check: flat's own speed now (1.0) beats the saved 2.4 and ring's better 1.5.
+  auto step = t.next(big, prof, make);
+  EXPECT_EQ(step.candidate, 0);
+  r = t.report(big, prof);
+  EXPECT_EQ(r.state, "rechecking");
+  EXPECT_FALSE(r.saved);  // explored in this process from here on
+  for (; step.candidate >= 0; step = t.next(big, prof, make)) {
+    if (!step.timed) continue;
+    const auto got = t.record(big, prof, step, step.candidate == 0 ? 1.0 : 1.6);
+    if (step.last) t.settle(big, prof, got);
+  }
+  r = t.report(big, prof);
+  EXPECT_EQ(r.state, "settled");
+  EXPECT_EQ(r.settled, Algorithm::kFlat);
+  EXPECT_EQ(r.seconds, (std::vector<double>{1.0, 1.5}));  // the lower of the two per candidate
+  const auto c = t.choices(prof);
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_FALSE(c[0].provisional);  // final now
+  EXPECT_EQ(c[0].algorithm, Algorithm::kFlat);
 }
 
 TEST(Tuner, UpfrontTheFirstCallRunsTheModelsChoiceAndTheSecondStartsTheExploration) {
@@ -316,7 +365,7 @@ TEST(Tuner, UpfrontTheFirstCallRunsTheModelsChoiceAndTheSecondStartsTheExplorati
   EXPECT_LT(first.candidate, 0);
   EXPECT_FALSE(first.timed);
   EXPECT_EQ(t.report(kKey, prof).state, "seen once");
-  EXPECT_TRUE(t.finalChoices(prof).empty());
+  EXPECT_TRUE(t.choices(prof).empty());
   const auto second = t.next(kKey, prof, make);  // the exploration's first step
   EXPECT_EQ(second.candidate, 0);
   EXPECT_EQ(t.report(kKey, prof).state, "exploring");
