@@ -79,6 +79,28 @@ bool Executor::runInlineIfIdle(const std::shared_ptr<Work>& w) {
   return true;
 }
 
+bool Executor::runNowIfIdle(Work& w, void (*fn)(void*), void* arg) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (busy_ || !queue_.empty()) return false;
+    busy_ = true;
+  }
+  std::exception_ptr err;
+  try {
+    fn(arg);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  w.markCompleted(err);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    busy_ = false;
+  }
+  cv_.notify_all();
+  idleCv_.notify_all();
+  return true;
+}
+
 void Executor::loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {

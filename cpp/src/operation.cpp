@@ -339,18 +339,19 @@ void runBody(CommState& s, const OpSpec& spec, OpContext& ctx) {
 void runOp(CommState& s, const OpSpec& spec, const std::atomic<bool>* cancelled) {
   if (s.poisoned.load()) refusePoisoned(s, spec.opName);
   OpContext ctx = contextOf(s, spec, cancelled);
-  const std::string what = std::string("seq ") + std::to_string(spec.seq) + " (" + spec.opName;
+  // Built only on failure: a small call's whole budget is a few microseconds.
+  auto what = [&] { return std::string("seq ") + std::to_string(spec.seq) + " (" + spec.opName; };
   try {
     runBody(s, spec, ctx);
   } catch (const TimeoutError& e) {
-    s.poison(what + ") timed out: " + e.what());
+    s.poison(what() + ") timed out: " + e.what());
     if (s.abortOnTimeout) abortJob(e.what());
     throw;
   } catch (const AbortedError& e) {
-    s.poison(what + ") was interrupted: " + e.what());
+    s.poison(what() + ") was interrupted: " + e.what());
     throw;
   } catch (const BackendError& e) {
-    s.poison(what + ") failed in the backend: " + e.what());
+    s.poison(what() + ") failed in the backend: " + e.what());
     throw;
   }
 }
@@ -386,10 +387,30 @@ std::shared_ptr<Work> dispatch(CommState& s, OpSpec spec) {
   if (s.poisoned.load()) refusePoisoned(s, spec.opName);
   s.claimThread();
   spec.seq = s.nextSeq.fetch_add(1);
-  auto w = std::make_shared<Work>(std::string(spec.opName) + " on axis '" + s.name + "' seq " +
-                                  std::to_string(spec.seq));
+  std::string description;
+  description.reserve(48 + s.name.size());
+  description.append(spec.opName).append(" on axis '").append(s.name).append("' seq ");
+  description.append(std::to_string(spec.seq));
+  auto w = std::make_shared<Work>(std::move(description));
   CommState* sp = &s;
   const std::atomic<bool>* flag = w->cancelFlag();
+  if (!spec.opts.async) {
+    // Idle: run it here and now, the common blocking call. Nobody else holds `w` until this
+    // returns, so it needs no cancel hook (its waits still poll `flag`).
+    struct Call {
+      CommState* s;
+      const OpSpec* spec;
+      const std::atomic<bool>* flag;
+    } call{sp, &spec, flag};
+    const auto run = [](void* p) {
+      const Call* c = static_cast<const Call*>(p);
+      runOp(*c->s, *c->spec, c->flag);
+    };
+    if (s.executor.runNowIfIdle(*w, run, &call)) {
+      if (auto e = w->error()) std::rethrow_exception(e);
+      return w;
+    }
+  }
   w->body = [sp, spec, flag] { runOp(*sp, spec, flag); };
   std::weak_ptr<Work> weak = w;
   w->onCancel = [sp, weak, seq = spec.seq, op = spec.opName](const std::string& why) {

@@ -329,6 +329,21 @@ void bindReductions(CommunicatorClass& c) {
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return true;
+           })
+      .def("all_reduce_into_array",
+           // all_reduce_array out of place: two numpy arrays of one dtype (the core checks the
+           // counts and the overlap). False as all_gather_array's.
+           [](Communicator& c, py::handle out, py::handle in, int op, int algorithm, double timeout,
+              bool acc32) {
+             ArrayView o, i;
+             if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
+             const CallOptions opt = opts(algorithm, timeout, false, acc32);
+             released([&] {
+               return c.allReduce(buf(i.ptr(), i.count(), i.code, 0, 0),
+                                  buf(o.ptr(), o.count(), o.code, 0, 0),
+                                  static_cast<fourd::ReduceOp>(op), opt);
+             });
+             return true;
            });
 }
 

@@ -111,7 +111,10 @@ def all_gather(
     """output = the inputs of my group along `axis`, concatenated in group-rank order; or a
     list of one tensor per group rank (torch's form). compression: as all_reduce's (each
     block is encoded once, at its source)."""
-    return _g(grid).all_gather(
+    g = _grid._current if grid is None else grid
+    if g is None:
+        g = _grid.get_grid()  # raises: no grid yet, or finalized
+    return g.all_gather(
         output,
         input,
         axis,
@@ -140,7 +143,10 @@ def reduce_scatter(
     """input holds group-size blocks (or is a list of one tensor per group rank: torch's
     form); the reduced block i ends on group rank i as `output`. compression: as
     all_reduce's."""
-    return _g(grid).reduce_scatter(
+    g = _grid._current if grid is None else grid
+    if g is None:
+        g = _grid.get_grid()  # raises: no grid yet, or finalized
+    return g.reduce_scatter(
         output,
         input,
         axis,

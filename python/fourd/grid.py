@@ -536,6 +536,15 @@ class Grid:
         and dtype, not overlapping `tensor`) when given. `group=` is torch's name for the
         axis (an axis, a fourd group, or a torch ProcessGroup of fourd's backend).
         `compression`: a codec for this call (docs/compression.md); None: the grid's policy."""
+        if (
+            type(tensor) is np.ndarray
+            and async_op is False
+            and accumulate_fp32 is False
+            and compression is None
+            and group is None
+            and _all_reduce_now(self._calls, tensor, output, axis, op, algorithm, timeout)
+        ):  # the common blocking numpy call of a known axis, in one native call
+            return None
         if group is not None:
             axis = _group_axis(group, axis)
         if async_op is not False and async_op is not True:
@@ -607,6 +616,15 @@ class Grid:
     ):
         """output = the inputs of the group along `axis`, concatenated in group-rank order.
         `output` may also be a list of one tensor per group rank (torch's form)."""
+        if (
+            type(output) is np.ndarray
+            and type(input) is np.ndarray
+            and async_op is False
+            and compression is None
+            and group is None
+            and _all_gather_now(self._calls, output, input, axis, algorithm, timeout)
+        ):  # the common blocking numpy call of a known axis, in one native call
+            return None
         if group is not None:
             axis = _group_axis(group, axis)
         if isinstance(output, (list, tuple)):
@@ -666,6 +684,16 @@ class Grid:
     ):
         """Reduce `input` (group-size blocks) over the group; block i ends on group rank i.
         `input` may also be a list of one tensor per group rank (torch's form)."""
+        if (
+            type(output) is np.ndarray
+            and type(input) is np.ndarray
+            and async_op is False
+            and accumulate_fp32 is False
+            and compression is None
+            and group is None
+            and _reduce_scatter_now(self._calls, output, input, axis, op, algorithm, timeout)
+        ):  # the common blocking numpy call of a known axis, in one native call
+            return None
         if group is not None:
             axis = _group_axis(group, axis)
         if isinstance(input, (list, tuple)):
@@ -922,6 +950,58 @@ def default_timeout() -> float:
 # go on using the tensor while the library writes only into the old storage. Other tensors
 # that view the same storage, and numpy arrays, keep the old memory (docs/errors.md).
 _QUARANTINE: list = []
+
+
+# The common blocking numpy calls of an axis already planned (Grid._calls), in one native call
+# each: True when done; False when the plan is not cached yet or the native call does not take
+# these arrays (the caller then takes the general path, which plans or names the problem).
+
+
+def _cached_plan(calls, key):
+    try:
+        return calls.get(key)
+    except TypeError:  # an unhashable axis (a list): the general path
+        return None
+
+
+def _all_reduce_now(calls, tensor, output, axis, op, algorithm, timeout) -> bool:
+    plan = _cached_plan(calls, (axis, op, algorithm))
+    if plan is None:
+        return False
+    tmo = 0.0 if timeout is None else _timeout(timeout)
+    try:
+        if output is None:
+            return plan[0].all_reduce_array(tensor, plan[1], plan[2], tmo, False)
+        if type(output) is np.ndarray:
+            return plan[0].all_reduce_into_array(output, tensor, plan[1], plan[2], tmo, False)
+        return False
+    except _FAILED:
+        _quarantine(tensor, output)
+        raise
+
+
+def _all_gather_now(calls, output, input, axis, algorithm, timeout) -> bool:
+    plan = _cached_plan(calls, (axis, "sum", algorithm))
+    if plan is None:
+        return False
+    tmo = 0.0 if timeout is None else _timeout(timeout)
+    try:
+        return plan[0].all_gather_array(output, input, plan[2], tmo)
+    except _FAILED:
+        _quarantine(output, input)
+        raise
+
+
+def _reduce_scatter_now(calls, output, input, axis, op, algorithm, timeout) -> bool:
+    plan = _cached_plan(calls, (axis, op, algorithm))
+    if plan is None:
+        return False
+    tmo = 0.0 if timeout is None else _timeout(timeout)
+    try:
+        return plan[0].reduce_scatter_array(output, input, plan[1], plan[2], tmo, False)
+    except _FAILED:
+        _quarantine(output, input)
+        raise
 
 
 def _arrays_at_once(async_op, compression, output, input) -> bool:

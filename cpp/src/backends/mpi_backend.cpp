@@ -113,6 +113,42 @@ int checkedCount(size_t count, const char* what) {
 
 // ---- requests ----------------------------------------------------------------------------------
 
+// A vector whose first N elements live in the object: most operations post one to four
+// requests, and a small call's whole budget is a few microseconds (no allocation for them).
+// MPI keeps no pointer to a request variable, so moving them to the heap as it grows is safe.
+template <class T, size_t N>
+class InlineVec {
+ public:
+  size_t size() const noexcept { return size_; }
+  T* data() noexcept { return heap_.empty() ? inline_ : heap_.data(); }
+  const T* data() const noexcept { return heap_.empty() ? inline_ : heap_.data(); }
+  T& operator[](size_t i) noexcept { return data()[i]; }
+  const T& operator[](size_t i) const noexcept { return data()[i]; }
+  T& back() noexcept { return data()[size_ - 1]; }
+  void push_back(const T& v) {
+    if (heap_.empty() && size_ < N) {
+      inline_[size_++] = v;
+      return;
+    }
+    if (heap_.empty()) heap_.assign(inline_, inline_ + size_);
+    heap_.push_back(v);
+    ++size_;
+  }
+  /// Makes at least `n` elements addressable (their values unspecified).
+  void reserveAtLeast(size_t n) {
+    if (n > N && heap_.size() < n) {
+      if (heap_.empty()) heap_.assign(inline_, inline_ + size_);
+      heap_.resize(n);
+    }
+    if (size_ < n) size_ = n;
+  }
+
+ private:
+  T inline_[N];
+  std::vector<T> heap_;
+  size_t size_ = 0;
+};
+
 class MpiRequests final : public Requests {
  public:
   enum class Kind : char { kSend, kRecv, kCollective };
@@ -133,7 +169,7 @@ class MpiRequests final : public Requests {
   bool test(size_t begin, size_t end) override {
     if (begin == end) return true;
     const int n = static_cast<int>(end - begin);
-    if (statuses_.size() < static_cast<size_t>(n)) statuses_.resize(n);
+    statuses_.reserveAtLeast(static_cast<size_t>(n));
     int flag = 0;
     const int rc = MPI_Testall(n, reqs_.data() + begin, &flag, statuses_.data());
     if (rc == MPI_ERR_IN_STATUS) {
@@ -231,10 +267,10 @@ class MpiRequests final : public Requests {
   }
 
   const std::vector<int>* worldRanks_;
-  std::vector<MPI_Request> reqs_;
-  std::vector<Kind> kinds_;
-  std::vector<int> peers_;
-  std::vector<MPI_Status> statuses_;
+  InlineVec<MPI_Request, 4> reqs_;
+  InlineVec<Kind, 4> kinds_;
+  InlineVec<int, 4> peers_;
+  InlineVec<MPI_Status, 4> statuses_;
 };
 
 // ---- shared memory -----------------------------------------------------------------------------

@@ -29,6 +29,10 @@ class Executor {
   /// Runs `w` now on this thread if nothing is queued or running, else queues it.
   /// Returns false if it was queued (the caller then waits on the Work).
   bool runInlineIfIdle(const std::shared_ptr<Work>& w);
+  /// A blocking call's fast path: runs `fn(arg)` as `w`'s body on this thread and completes `w`
+  /// if nothing is queued or running, and returns true; else returns false and leaves `w` alone
+  /// (the caller then gives it a body and queues it). No std::function, no copy of the call.
+  bool runNowIfIdle(Work& w, void (*fn)(void*), void* arg);
   /// Removes `w` from the queue if it has not started. True when it was removed.
   bool remove(const std::shared_ptr<Work>& w);
   /// Waits until idle (up to timeoutSeconds) and stops the thread. False on timeout.
