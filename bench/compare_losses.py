@@ -1,5 +1,7 @@
-"""Compares two loss logs of examples/train_gpt_4d.py (--loss-log): the loss curves step by step
-and the step times (median from step 5, after the warm-up steps), the first file the baseline.
+"""Compares two loss logs of examples/train_gpt_4d.py (--loss-log): the loss curves step by step,
+the mean loss over the last 10, 50 and 100 steps (one step's loss swings with its batch; the
+mean of a window is what a comparison of convergence can rest on), and the step times (median
+from step 5, after the warm-up steps), the first file the baseline.
 
     python bench/compare_losses.py base.json other.json
 """
@@ -25,6 +27,10 @@ def main(argv):
         print(f"{i:>5}{lb[i]:>40.5f}{lo[i]:>12.5f}{(lo[i] - lb[i]) / lb[i]:>+10.2%}")
     rel = (lo[-1] - lb[-1]) / lb[-1]
     print(f"final loss after {len(lb)} steps: {lb[-1]:.5f} vs {lo[-1]:.5f} ({rel:+.2%})")
+    for w in (10, 50, 100):
+        if w <= min(len(lb), len(lo)):
+            mb, mo = statistics.fmean(lb[-w:]), statistics.fmean(lo[-w:])
+            print(f"mean loss of the last {w} steps: {mb:.5f} vs {mo:.5f} ({(mo - mb) / mb:+.2%})")
     print(
         f"median step time from step 5: {tb * 1e3:.1f} ms vs {to * 1e3:.1f} ms "
         f"({(to - tb) / tb:+.1%}; other / base {to / tb:.3f})"

@@ -49,12 +49,23 @@ done
 
 # 3. The GPT example on the 2 x 2 cluster at 1 Gbit/s, x=2 inside a node and data=2 across the
 #    nodes: uncompressed, then an MZHybrid-style policy (int8 on the data-parallel gradients,
-#    lossless on x, y, z), same seed and data; the loss curves and step times side by side.
+#    lossless on x, y, z), same seed and data; the loss curves and step times side by side; and
+#    the uncompressed run with another seed, for the spread of the loss between seeds. 300 steps:
+#    single steps swing with their batch, so convergence is compared on means of the last
+#    50-100 steps.
 GPT="python -m mpi4py examples/train_gpt_4d.py --x 2 --data 2 --hidden 512 --layers 4 --heads 8
-  --seq 32 --batch 4 --steps 60 --quiet"
+  --seq 32 --batch 4 --steps 300 --quiet"
 export FOURD_PROFILE=$OUT/profile_compression_2x2_1gbit.json
 run compression_gpt_2x2_none $CLUSTER --rate 1gbit -- $GPT --loss-log $OUT/compression_gpt_2x2_none.json
 run compression_gpt_2x2_mzhybrid $CLUSTER --rate 1gbit -- $GPT \
   --compression "data=int8;x,y,z=lossless" --loss-log $OUT/compression_gpt_2x2_mzhybrid.json
-"$PY" bench/compare_losses.py $OUT/compression_gpt_2x2_none.json \
-  $OUT/compression_gpt_2x2_mzhybrid.json | tee $OUT/compression_gpt_2x2.txt
+run compression_gpt_2x2_none_seed1 $CLUSTER --rate 1gbit -- $GPT --seed 1 \
+  --loss-log $OUT/compression_gpt_2x2_none_seed1.json
+{
+  "$PY" bench/compare_losses.py $OUT/compression_gpt_2x2_none.json \
+    $OUT/compression_gpt_2x2_mzhybrid.json
+  echo
+  echo "# the same uncompressed run with --seed 1 (other weights and batches): the spread of the loss between seeds"
+  "$PY" bench/compare_losses.py $OUT/compression_gpt_2x2_none.json \
+    $OUT/compression_gpt_2x2_none_seed1.json | grep -v "^ \|step  \|data-parallel"
+} | tee $OUT/compression_gpt_2x2.txt

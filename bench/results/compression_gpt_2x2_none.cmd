@@ -1,1 +1,1 @@
-bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --python .venv/bin/python --rate 1gbit -- python -m mpi4py examples/train_gpt_4d.py --x 2 --data 2 --hidden 512 --layers 4 --heads 8 --seq 32 --batch 4 --steps 60 --quiet --loss-log bench/results/compression_gpt_2x2_none.json
+bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --python .venv/bin/python --rate 1gbit -- python -m mpi4py examples/train_gpt_4d.py --x 2 --data 2 --hidden 512 --layers 4 --heads 8 --seq 32 --batch 4 --steps 300 --quiet --loss-log bench/results/compression_gpt_2x2_none.json
