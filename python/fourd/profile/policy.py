@@ -137,9 +137,10 @@ def _say(grid, msg: str) -> None:
         sys.stderr.flush()
 
 
-def _measure_and_save(grid, path: str) -> dict:
+def _measure_and_save(grid, path: str) -> tuple[dict, bool]:
     """Measures the grid's profile (collective) and, on rank 0, caches it at `path` unless the
-    timings show a busy machine."""
+    timings show a busy machine. Returns the payload and whether it counts as cached (the
+    same on every rank: the spread is common)."""
     _say(
         grid,
         f"measuring this machine for algorithm='auto' ({grid.world_size} ranks, "
@@ -183,7 +184,7 @@ def _measure_and_save(grid, path: str) -> dict:
         f"(spread {100 * spread:.0f}%)"
         + ("; not cached (busy)" if busy else f"; cached at {path}"),
     )
-    return payload
+    return payload, not busy
 
 
 def _save_cache(path: str, fields: dict, meta: dict) -> None:
@@ -207,8 +208,9 @@ def apply(grid) -> dict:
         raise InvalidArgumentError(payload)
     if kind == "defaults":
         return {"source": f"defaults ({source})", "profile": grid.profile.to_dict()}
+    cached = True
     if kind == "measure":
-        payload = _measure_and_save(grid, source)
+        payload, cached = _measure_and_save(grid, source)
     d = {k: v for k, v in payload.items() if k in FIELDS}
     # The node layout is this grid's, whatever the file says.
     nodes = [grid.node_of(r) for r in range(grid.world_size)]
@@ -217,7 +219,9 @@ def apply(grid) -> dict:
     # What tuning in use settled on in the last run of this layout and profile (tuning.py).
     attach_tuning(grid, cache_path(grid))
     return {
-        "source": source if kind == "profile" else f"measured, saved to {source}",
+        "source": source
+        if kind == "profile"
+        else (f"measured, saved to {source}" if cached else "measured, not cached (busy)"),
         "profile": grid.profile.to_dict(),
     }
 

@@ -7,8 +7,10 @@ The closed-form oracles are those of par_algorithms.py.
 
 import glob
 import json
+import os
 import shutil
 import tempfile
+import warnings
 
 import numpy as np
 import pytest
@@ -24,6 +26,17 @@ N = WORLD.Get_size()
 ME = WORLD.Get_rank()
 
 
+def _tuning_cache(monkeypatch, prefix):
+    """A cache directory of the test's own (the same on every rank) with saved tuning on and
+    the default schedule; returns its path."""
+    tmp = WORLD.bcast(tempfile.mkdtemp(prefix=prefix) if ME == 0 else None)
+    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
+    monkeypatch.setenv("FOURD_TUNE_CACHE", "1")
+    monkeypatch.delenv("FOURD_TUNE", raising=False)
+    monkeypatch.setattr(policy, "_memo", {})
+    return tmp
+
+
 def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch):
     """A fresh measurement on one node (FOURD_CALIBRATE=force, a cache of this test's own),
     identical on every rank, saved, then read back from the cache as the same profile."""
@@ -34,6 +47,9 @@ def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch)
     monkeypatch.delenv("FOURD_PROFILE", raising=False)
     monkeypatch.setenv("FOURD_CALIBRATE", "0")
     monkeypatch.setattr(policy, "_memo", {})
+    # The cache is what this tests: a busy machine (the suite's previous test still in the load
+    # average, or another job) would keep the measurement for this run only.
+    monkeypatch.setattr(policy, "BUSY_SPREAD", float("inf"))
     try:
         g = fourd.init(x=N, ranks_per_node=N)
         defaults = g.profile
@@ -62,6 +78,37 @@ def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch)
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_a_busy_machines_measurement_serves_the_run_and_is_not_cached(monkeypatch):
+    """Timings that spread above BUSY_SPREAD (here every spread: the threshold below zero)
+    mark the machine busy: the profile is used, rank 0 warns why, and no file is written."""
+    if N == 1:
+        return
+    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="fourd-par-busy-") if ME == 0 else None)
+    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
+    monkeypatch.delenv("FOURD_PROFILE", raising=False)
+    monkeypatch.setenv("FOURD_CALIBRATE", "0")
+    monkeypatch.setattr(policy, "_memo", {})
+    monkeypatch.setattr(policy, "BUSY_SPREAD", -1.0)
+    try:
+        g = fourd.init(x=N, ranks_per_node=N)
+        defaults = g.profile.to_dict()
+        monkeypatch.setenv("FOURD_CALIBRATE", "force")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = policy.apply(g)
+        busy = [w for w in seen if "looks busy" in str(w.message)]
+        assert len(busy) == (1 if ME == 0 else 0), [str(w.message) for w in seen]  # rank 0 says
+        assert out["source"] == "measured, not cached (busy)", out["source"]
+        assert g.profile.to_dict() != defaults and g.profile.name.startswith("calibrated:")
+        WORLD.Barrier()
+        assert not os.path.exists(store.cache_path(g))
+        fourd.finalize()
+    finally:
+        WORLD.Barrier()
+        if ME == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _settle(g, axis, count):
     """Runs auto all_reduce calls of `count` int32 (exact) until its tuning is final."""
     for i in range(5000):
@@ -80,11 +127,7 @@ def test_saved_tuning_starts_the_next_run_of_the_layout_settled(monkeypatch):
     FOURD_TUNE_CACHE=0, starts afresh; a bad FOURD_TUNE_CACHE is refused on every rank."""
     if N == 1:
         return
-    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="fourd-par-tuning-") if ME == 0 else None)
-    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
-    monkeypatch.setenv("FOURD_TUNE_CACHE", "1")
-    monkeypatch.delenv("FOURD_TUNE", raising=False)
-    monkeypatch.setattr(policy, "_memo", {})
+    tmp = _tuning_cache(monkeypatch, "fourd-par-tuning-")
     counts = (1021, 3001)  # below 256 KiB: every supported algorithm is a candidate
     try:
         prof = f"{tmp}/profile.json"
@@ -163,11 +206,7 @@ def test_a_saved_switch_runs_at_once_and_is_rechecked_once_its_calls_reach_the_g
     test does not depend on which algorithm the machine's timings favour."""
     if N == 1:
         return
-    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="fourd-par-switch-") if ME == 0 else None)
-    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
-    monkeypatch.setenv("FOURD_TUNE_CACHE", "1")
-    monkeypatch.delenv("FOURD_TUNE", raising=False)
-    monkeypatch.setattr(policy, "_memo", {})
+    tmp = _tuning_cache(monkeypatch, "fourd-par-switch-")
     c = 1021  # below 256 KiB: every supported algorithm is a candidate
     try:
         prof = f"{tmp}/profile.json"
