@@ -402,7 +402,7 @@ def test_bench_runs_under_mpi(tmp_path):
             "-b",
             "1K",
             "-e",
-            "4K",
+            "2K",
             "-n",
             "2",
             "--collective",

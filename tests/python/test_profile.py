@@ -2,6 +2,8 @@
 Serial; no mpiexec (the measuring half runs in mpi/par_profile.py)."""
 
 import json
+import os
+import warnings
 
 import pytest
 
@@ -359,3 +361,26 @@ def test_policy_names_an_unreadable_profile_file(tmp_path, monkeypatch):
     assert kind == "error" and "cannot read profile file" in message
     with pytest.raises(fourd.InvalidArgumentError, match="another calibration version"):
         store.load(str(bad), version=store.VERSION)
+
+
+class _Rank0:
+    def Get_rank(self):
+        return 0
+
+
+def test_a_busy_machines_measurement_serves_the_run_and_is_not_cached(tmp_path, monkeypatch):
+    """Timings that spread above BUSY_SPREAD mark the machine busy: the measurement is returned
+    for this run, rank 0 warns why, and nothing is cached or remembered; below it, it is saved."""
+    grid = _OneNodeGrid()
+    grid.mpi_comm = _Rank0()
+    path = str(tmp_path / "profile.json")
+    monkeypatch.setattr(policy, "_memo", {})
+    for spread, busy in ((policy.BUSY_SPREAD + 0.1, True), (policy.BUSY_SPREAD - 0.1, False)):
+        payload = {"intra_bw": 3e9, "calibration_spread": spread, "calibration_load": (0.0, 0.0)}
+        monkeypatch.setattr(policy, "measure", lambda g, p=payload: dict(p))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out, cached = policy._measure_and_save(grid, path)
+        assert out["intra_bw"] == 3e9 and cached is not busy
+        assert [("looks busy" in str(w.message)) for w in seen] == ([True] if busy else [])
+        assert os.path.exists(path) is not busy and (path in policy._memo) is not busy

@@ -7,10 +7,8 @@ The closed-form oracles are those of par_algorithms.py.
 
 import glob
 import json
-import os
 import shutil
 import tempfile
-import warnings
 
 import numpy as np
 import pytest
@@ -71,37 +69,6 @@ def test_init_measures_caches_and_reloads_one_profile_on_every_rank(monkeypatch)
         g.set_profile(defaults)
         again = policy.apply(g)
         assert again["source"] == path and again["profile"] == mine
-        fourd.finalize()
-    finally:
-        WORLD.Barrier()
-        if ME == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def test_a_busy_machines_measurement_serves_the_run_and_is_not_cached(monkeypatch):
-    """Timings that spread above BUSY_SPREAD (here every spread: the threshold below zero)
-    mark the machine busy: the profile is used, rank 0 warns why, and no file is written."""
-    if N == 1:
-        return
-    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="fourd-par-busy-") if ME == 0 else None)
-    monkeypatch.setenv("XDG_CACHE_HOME", tmp)
-    monkeypatch.delenv("FOURD_PROFILE", raising=False)
-    monkeypatch.setenv("FOURD_CALIBRATE", "0")
-    monkeypatch.setattr(policy, "_memo", {})
-    monkeypatch.setattr(policy, "BUSY_SPREAD", -1.0)
-    try:
-        g = fourd.init(x=N, ranks_per_node=N)
-        defaults = g.profile.to_dict()
-        monkeypatch.setenv("FOURD_CALIBRATE", "force")
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            out = policy.apply(g)
-        busy = [w for w in seen if "looks busy" in str(w.message)]
-        assert len(busy) == (1 if ME == 0 else 0), [str(w.message) for w in seen]  # rank 0 says
-        assert out["source"] == "measured, not cached (busy)", out["source"]
-        assert g.profile.to_dict() != defaults and g.profile.name.startswith("calibrated:")
-        WORLD.Barrier()
-        assert not os.path.exists(store.cache_path(g))
         fourd.finalize()
     finally:
         WORLD.Barrier()
