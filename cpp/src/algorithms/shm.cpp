@@ -25,7 +25,7 @@
 // read the peers' buffers directly instead, one copy per byte and two barriers per operation
 // (three for all_reduce) whatever the size ("single copy" below):
 //   all_gather      read the other k-1 blocks from the peers' outputs. T = (k-1)/k n c' + 2 s.
-//   reduce_scatter  read my block of each peer's input, a 64 KiB tile at a time, and reduce.
+//   reduce_scatter  read my block of each peer's input, a tile at a time, and reduce.
 //                   T = (k-1)/k n c' + (k-1)/k n gamma + 2 s.
 //   all_reduce      reduce_scatter into my slice of the output, then all_gather of the slices.
 //                   T = 2(k-1)/k n c' + (k-1)/k n gamma + 3 s.
