@@ -56,27 +56,13 @@ void Executor::submit(const std::shared_ptr<Work>& w) {
 }
 
 bool Executor::runInlineIfIdle(const std::shared_ptr<Work>& w) {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (busy_ || !queue_.empty()) {
-      queue_.push_back(w);
-      if (!thread_.joinable()) {
-        stop_ = false;
-        thread_ = std::thread([this] { loop(); });
-      }
-      cv_.notify_one();
-      return false;
-    }
-    busy_ = true;
-  }
-  runBody(w);
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    busy_ = false;
-  }
-  cv_.notify_all();
-  idleCv_.notify_all();
-  return true;
+  const auto body = [](void* p) {
+    Work* x = static_cast<Work*>(p);
+    if (x->body) x->body();
+  };
+  if (runNowIfIdle(*w, body, w.get())) return true;
+  submit(w);  // busy (or busy again): the progress thread runs it in turn
+  return false;
 }
 
 bool Executor::runNowIfIdle(Work& w, void (*fn)(void*), void* arg) {

@@ -542,7 +542,9 @@ class Grid:
             and accumulate_fp32 is False
             and compression is None
             and group is None
-            and _all_reduce_now(self._calls, tensor, output, axis, op, algorithm, timeout)
+            and _all_reduce_now(
+                _cached_plan(self._calls, (axis, op, algorithm)), tensor, output, timeout, False
+            )
         ):  # the common blocking numpy call of a known axis, in one native call
             return None
         if group is not None:
@@ -557,14 +559,14 @@ class Grid:
             comm, opc, algc = self._plan_call(axis, op, algorithm)
         tmo = 0.0 if timeout is None else _timeout(timeout)
         codec = "" if compression is None else _codec_arg(compression)
+        if (
+            not async_op
+            and not codec
+            and type(tensor) is np.ndarray
+            and _all_reduce_now((comm, opc, algc), tensor, output, timeout, accumulate_fp32)
+        ):  # the first call of an axis, or a group's
+            return None
         if output is None:
-            if not async_op and not codec and type(tensor) is np.ndarray:
-                try:  # the common blocking numpy call, in one native call
-                    if comm.all_reduce_array(tensor, opc, algc, tmo, accumulate_fp32):
-                        return None
-                except _FAILED:
-                    _quarantine(tensor)
-                    raise
             p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
             try:
                 return comm.all_reduce(
@@ -622,7 +624,9 @@ class Grid:
             and async_op is False
             and compression is None
             and group is None
-            and _all_gather_now(self._calls, output, input, axis, algorithm, timeout)
+            and _all_gather_now(
+                _cached_plan(self._calls, (axis, "sum", algorithm)), output, input, timeout
+            )
         ):  # the common blocking numpy call of a known axis, in one native call
             return None
         if group is not None:
@@ -637,13 +641,9 @@ class Grid:
             comm, _, algc = self._calls[(axis, "sum", algorithm)]
         except (KeyError, TypeError):
             comm, _, algc = self._plan_call(axis, "sum", algorithm)
-        if _arrays_at_once(async_op, compression, output, input) and _native_arrays(
-            comm.all_gather_array,
-            output,
-            input,
-            algc,
-            0.0 if timeout is None else _timeout(timeout),
-        ):
+        if _arrays_at_once(async_op, compression, output, input) and _all_gather_now(
+            (comm, 0, algc), output, input, timeout
+        ):  # the first call of an axis, or a group's
             return None
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
@@ -691,7 +691,9 @@ class Grid:
             and accumulate_fp32 is False
             and compression is None
             and group is None
-            and _reduce_scatter_now(self._calls, output, input, axis, op, algorithm, timeout)
+            and _reduce_scatter_now(
+                _cached_plan(self._calls, (axis, op, algorithm)), output, input, timeout, False
+            )
         ):  # the common blocking numpy call of a known axis, in one native call
             return None
         if group is not None:
@@ -706,15 +708,9 @@ class Grid:
             comm, opc, algc = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
             comm, opc, algc = self._plan_call(axis, op, algorithm)
-        if _arrays_at_once(async_op, compression, output, input) and _native_arrays(
-            comm.reduce_scatter_array,
-            output,
-            input,
-            opc,
-            algc,
-            0.0 if timeout is None else _timeout(timeout),
-            accumulate_fp32,
-        ):
+        if _arrays_at_once(async_op, compression, output, input) and _reduce_scatter_now(
+            (comm, opc, algc), output, input, timeout, accumulate_fp32
+        ):  # the first call of an axis, or a group's
             return None
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
         op_, oc, odt, odev, _, _ = resolve(output, "output", True)
@@ -952,9 +948,10 @@ def default_timeout() -> float:
 _QUARANTINE: list = []
 
 
-# The common blocking numpy calls of an axis already planned (Grid._calls), in one native call
-# each: True when done; False when the plan is not cached yet or the native call does not take
-# these arrays (the caller then takes the general path, which plans or names the problem).
+# The common blocking numpy calls, in one native call each, given the call's plan (comm, op
+# code, algorithm code; None when the axis is not planned yet): True when done; False when
+# there is no plan or the native call does not take these arrays (the caller then takes the
+# general path, which plans or names the problem).
 
 
 def _cached_plan(calls, key):
@@ -964,24 +961,22 @@ def _cached_plan(calls, key):
         return None
 
 
-def _all_reduce_now(calls, tensor, output, axis, op, algorithm, timeout) -> bool:
-    plan = _cached_plan(calls, (axis, op, algorithm))
+def _all_reduce_now(plan, tensor, output, timeout, acc32) -> bool:
     if plan is None:
         return False
     tmo = 0.0 if timeout is None else _timeout(timeout)
     try:
         if output is None:
-            return plan[0].all_reduce_array(tensor, plan[1], plan[2], tmo, False)
+            return plan[0].all_reduce_array(tensor, plan[1], plan[2], tmo, acc32)
         if type(output) is np.ndarray:
-            return plan[0].all_reduce_into_array(output, tensor, plan[1], plan[2], tmo, False)
+            return plan[0].all_reduce_into_array(output, tensor, plan[1], plan[2], tmo, acc32)
         return False
     except _FAILED:
         _quarantine(tensor, output)
         raise
 
 
-def _all_gather_now(calls, output, input, axis, algorithm, timeout) -> bool:
-    plan = _cached_plan(calls, (axis, "sum", algorithm))
+def _all_gather_now(plan, output, input, timeout) -> bool:
     if plan is None:
         return False
     tmo = 0.0 if timeout is None else _timeout(timeout)
@@ -992,13 +987,12 @@ def _all_gather_now(calls, output, input, axis, algorithm, timeout) -> bool:
         raise
 
 
-def _reduce_scatter_now(calls, output, input, axis, op, algorithm, timeout) -> bool:
-    plan = _cached_plan(calls, (axis, op, algorithm))
+def _reduce_scatter_now(plan, output, input, timeout, acc32) -> bool:
     if plan is None:
         return False
     tmo = 0.0 if timeout is None else _timeout(timeout)
     try:
-        return plan[0].reduce_scatter_array(output, input, plan[1], plan[2], tmo, False)
+        return plan[0].reduce_scatter_array(output, input, plan[1], plan[2], tmo, acc32)
     except _FAILED:
         _quarantine(output, input)
         raise
@@ -1013,16 +1007,6 @@ def _arrays_at_once(async_op, compression, output, input) -> bool:
         and type(output) is np.ndarray
         and type(input) is np.ndarray
     )
-
-
-def _native_arrays(native, output, input, *args) -> bool:
-    """Runs the one-call numpy path `native(output, input, *args)`: False when it does not take
-    these arrays (the caller then takes the general path, which names the problem)."""
-    try:
-        return native(output, input, *args)
-    except _FAILED:
-        _quarantine(output, input)
-        raise
 
 
 def _quarantine(*objs) -> None:
