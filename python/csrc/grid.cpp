@@ -1,8 +1,11 @@
 // Bindings of Grid, Communicator and Work. Buffers cross as integers (address, element count,
 // dtype code, device): the extension never links libtorch, so one build serves every torch.
+#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pythread.h>
+
+#include <atomic>
 
 #include <mpi.h>
 
@@ -67,15 +70,57 @@ auto released(F&& f) -> decltype(f()) {
   return result;
 }
 
+// References released on a thread Python does not know. An asynchronous operation's buffers
+// are kept alive until it completes, and it completes on fourd's progress thread. Taking the GIL
+// there would create and then delete a Python thread state, each under the interpreter's
+// thread-list lock; a fork() in that window leaves the lock held in the child, and CPython 3.11
+// takes it in the child (deleting the other threads' states) before re-initializing it, so the
+// child hangs inside os.fork(). Such a reference goes on a lock-free list instead, dropped by the
+// main thread from a pending call (Py_AddPendingCall takes no interpreter-wide lock, and its own
+// lock is re-initialized at fork), or by the next fourd call that holds the GIL.
+struct Deferred {
+  PyObject* obj;
+  Deferred* next;
+};
+std::atomic<Deferred*> gDeferred{nullptr};
+std::atomic<bool> gDrainScheduled{false};
+
+int drainDeferred(void* = nullptr) {
+  gDrainScheduled.store(false);
+  for (Deferred* d = gDeferred.exchange(nullptr); d;) {
+    Deferred* next = d->next;
+    Py_DECREF(d->obj);
+    delete d;
+    d = next;
+  }
+  return 0;
+}
+
+void releaseReference(PyObject* p) {
+  if (!Py_IsInitialized() || isFinalizing()) return;  // interpreter gone: leak
+  if (PyGILState_GetThisThreadState() != nullptr) {
+    // A thread with a Python thread state: taking the GIL creates nothing.
+    PyGILState_STATE st = PyGILState_Ensure();
+    Py_DECREF(p);
+    PyGILState_Release(st);
+    return;
+  }
+  auto* d = new Deferred{p, gDeferred.load()};
+  while (!gDeferred.compare_exchange_weak(d->next, d)) {
+  }
+  if (!gDrainScheduled.exchange(true) && Py_AddPendingCall(&drainDeferred, nullptr) != 0)
+    gDrainScheduled.store(false);  // the queue is full: the next release or call schedules it
+}
+
+// With the GIL held: drops what the progress threads handed over.
+void drainReleased() {
+  if (gDeferred.load(std::memory_order_relaxed) != nullptr) drainDeferred();
+}
+
 std::shared_ptr<void> keepAlive(py::object o) {
   if (o.is_none()) return nullptr;
-  PyObject* p = o.release().ptr();
-  return std::shared_ptr<void>(p, [](void* q) {
-    if (!Py_IsInitialized() || isFinalizing()) return;  // interpreter gone: leak
-    PyGILState_STATE st = PyGILState_Ensure();
-    Py_DECREF(static_cast<PyObject*>(q));
-    PyGILState_Release(st);
-  });
+  return std::shared_ptr<void>(o.release().ptr(),
+                               [](void* q) { releaseReference(static_cast<PyObject*>(q)); });
 }
 
 // A buffer as Python resolved it; CUDA buffers carry the caller's stream.
@@ -104,6 +149,7 @@ CallOptions opts(int algorithm, double timeout, bool async, bool acc32,
 
 py::object finish(std::shared_ptr<Work> w, bool async, py::object keep) {
   if (!async) return py::none();
+  drainReleased();
   if (!w->isCompleted()) w->setKeepAlive(keepAlive(std::move(keep)));
   return py::cast(w);
 }
@@ -210,6 +256,8 @@ void bindModuleFunctions(py::module_& m) {
   py::object threading = py::module_::import("threading");
   gMainThread = threading.attr("main_thread")().attr("ident").cast<unsigned long>();
   fourd::detail::setInterruptCheck(&pyInterruptCheck);
+  // A pending drain scheduled in the parent is not the child's to run.
+  pthread_atfork(nullptr, nullptr, [] { gDrainScheduled.store(false); });
 
   m.def("mpi_library_version", &fourd::mpiLibraryVersion);
   m.def("mpi_family", &fourd::mpiFamily, py::arg("library_version"));

@@ -49,6 +49,7 @@ def test_fork_after_async_work_child_exits():
     for rank in (0, 1):
         m = re.search(rf"rank {rank}: fork child exit=(-?\d+) after ([\d.]+) s", out)
         assert m and m.group(1) == "0" and float(m.group(2)) < 10, out[-3000:]
+        assert f"rank {rank}: fork released=True" in out, out[-3000:]
 
 
 def test_dropping_a_grid_with_work_in_flight_returns_when_it_is_done():
