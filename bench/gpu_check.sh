@@ -206,13 +206,8 @@ print('mapped:', *libs, sep='\n  ')
     pytest_gpu)
       # The serial GPU test files only (test_*gpu*.py, test_*cuda*.py), named explicitly so that
       # a collection problem elsewhere in the suite cannot hide them.
-      # test_gpu_build.py is left out: it compiles the GPU part on machines without a GPU, which
-      # the build steps above have already done here.
       shopt -s nullglob
-      files=()
-      for f in tests/python/test_*gpu*.py tests/python/test_*cuda*.py; do
-        [[ $f == *_build.py ]] || files+=("$f")
-      done
+      files=(tests/python/test_*gpu*.py tests/python/test_*cuda*.py)
       ((${#files[@]})) || skip "no GPU test files (tests/python/test_*gpu*.py)"
       "$PY" -m pytest -v -rs -p no:cacheprovider --durations=10 "${files[@]}"
       ;;
