@@ -117,6 +117,14 @@ constexpr const char* kSharesKey = "shm.shares";
 // float32 all-reduce 1-64 MiB: 256 KiB-1 MiB buffers run 1.1-2.8x faster than MPICH's own
 // all-reduce at 2 and 4 ranks, 4 MiB buffers up to 1.4x slower than 1 MiB ones.
 // FOURD_SHM_BUFFER_BYTES overrides (the same value on every rank).
+// The machine's online cores, read once: sysconf reads /sys/devices/system/cpu/online on
+// every call (an open, a read and a close, 15-20 us on this kind of VM), and every operation
+// asks for its buffer cap.
+long onlineCores() {
+  static const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores;
+}
+
 size_t bufferCap(int k) {
   static const long long env = [] {
     const char* e = std::getenv("FOURD_SHM_BUFFER_BYTES");
@@ -124,7 +132,7 @@ size_t bufferCap(int k) {
   }();
   size_t v = env >= 4096 ? static_cast<size_t>(env) : 0;
   if (v == 0) {
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const long cores = onlineCores();
     v = (detail::oversubscribed() || (cores > 0 && k > cores)) ? size_t(1) << 20
                                                                : size_t(512) << 10;
   }
@@ -208,7 +216,7 @@ size_t agreedBytes(Group& node, size_t want, OpContext& ctx) {
 // alone said "spin" to two groups of 2 ranks on 2 cores: a spinning waiter then held the core
 // its peer needed, and 4 KiB all-reduces took 145 us instead of 25.
 double barrierSpin(int k) {
-  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const long cores = onlineCores();
   return (!detail::oversubscribed() && cores > 0 && k <= cores) ? 50.0 : 0.0;
 }
 
