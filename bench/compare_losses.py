@@ -1,7 +1,9 @@
 """Compares two loss logs of examples/train_gpt_4d.py (--loss-log): the loss curves step by step,
 the mean loss over the last 10, 50 and 100 steps (one step's loss swings with its batch; the
 mean of a window is what a comparison of convergence can rest on), and the step times (median
-from step 5, after the warm-up steps), the first file the baseline.
+from step 5, after the warm-up steps), the first file the baseline. Runs made with --eval-every
+also compare their held-out losses (one fixed set of batches, the same for every seed): the
+measure of convergence that one step's batch does not move.
 
     python bench/compare_losses.py base.json other.json
 """
@@ -35,6 +37,14 @@ def main(argv):
         f"median step time from step 5: {tb * 1e3:.1f} ms vs {to * 1e3:.1f} ms "
         f"({(to - tb) / tb:+.1%}; other / base {to / tb:.3f})"
     )
+    eb = {e["step"]: e["loss"] for e in base.get("evals") or []}
+    for e in other.get("evals") or []:
+        if e["step"] in eb:
+            b = eb[e["step"]]
+            print(
+                f"held-out loss after step {e['step']}: {b:.5f} vs {e['loss']:.5f} "
+                f"({(e['loss'] - b) / b:+.2%})"
+            )
     c = other.get("compression") or {}
     if c:
         print(f"other's data-parallel all-reduce: {c.get('data')}")

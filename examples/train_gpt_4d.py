@@ -97,6 +97,20 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every N steps and after the last, the mean loss on a held-out set of "
+        "--eval-batches batches that does not depend on --seed (0: never)",
+    )
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument(
+        "--lr-decay",
+        action="store_true",
+        help="cosine decay of the learning rate to 10%% of --lr over --steps",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -223,9 +237,9 @@ class GPT(torch.nn.Module):
         return self.par.gather(logits, "y")
 
 
-def batch(step, args):
+def batch(step, args, base=0):
     """The global batch of a step: sequences of an affine recurrence mod vocab, 10% noise."""
-    g = torch.Generator().manual_seed(args.seed * 100003 + step)
+    g = torch.Generator().manual_seed(base + args.seed * 100003 + step)
     v, b, s = args.vocab, args.batch, args.seq + 1
     start = torch.randint(0, v, (b, 1), generator=g)
     mult = torch.randint(1, 4, (b, 1), generator=g)
@@ -236,16 +250,49 @@ def batch(step, args):
     return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
 
 
+EVAL_SEED = 2**31 - 1  # held-out batches: seeds no training batch of any --seed uses
+
+
+def eval_batch(i, args):
+    """Batch i of the held-out set: the same for every --seed, so runs compare on one set."""
+    return batch(i, argparse.Namespace(**{**vars(args), "seed": 0}), base=EVAL_SEED)
+
+
+def lr_at(step, args):
+    """--lr, or with --lr-decay a cosine from --lr down to 10% of it at the last step."""
+    if not args.lr_decay or args.steps <= 1:
+        return args.lr
+    return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / (args.steps - 1))))
+
+
+def eval_due(step, args):
+    last = step == args.steps - 1
+    return args.eval_every > 0 and (last or (step + 1) % args.eval_every == 0)
+
+
 # ---- runs ------------------------------------------------------------------------------------
+
+
+def held_out_loss(model, args, rows=slice(None)):
+    """The mean loss of `model` over the held-out set (`rows` of each batch: a rank's shard)."""
+    total = 0.0
+    with torch.no_grad():
+        for i in range(args.eval_batches):
+            inp, tgt = (t[rows].to(args.device) for t in eval_batch(i, args))
+            logits = model(inp)
+            total += float(F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1)))
+    return total / args.eval_batches
 
 
 def run_reference(args):
     torch.manual_seed(args.seed)
     model = GPT(args.vocab, args.hidden, args.heads, args.layers, args.seq, Par()).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    losses, times = [], []
+    losses, times, evals = [], [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args)
         inp, tgt = (t.to(args.device) for t in batch(step, args))
         logits = model(inp)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
@@ -255,7 +302,9 @@ def run_reference(args):
         _sync(args)
         times.append(time.perf_counter() - t0)
         losses.append(loss.detach())
-    return [float(v) for v in losses], times
+        if eval_due(step, args):
+            evals.append({"step": step, "loss": held_out_loss(model, args)})
+    return [float(v) for v in losses], times, evals
 
 
 class Trainer:
@@ -305,12 +354,16 @@ class Trainer:
         c = grid.coords()
         self.rows = args.batch // self.shards
         self.first = (c["data"] * gz + c["z"]) * self.rows
-        self.losses, self.times = [], []
+        self.losses, self.times, self.evals = [], [], []
+        if args.eval_every and overlap_name != "none":
+            raise SystemExit("--eval-every: expected --overlap none (overlap hooks every forward)")
 
     def step(self, step):
         grid, model, args = self.grid, self.model, self.args
         grid.barrier()  # time every step from a common start (not part of training)
         t0 = time.perf_counter()
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(step, args)
         inp, tgt = batch(step, args)
         inp = inp[self.first : self.first + self.rows].to(args.device)
         tgt = tgt[self.first : self.first + self.rows].to(args.device)
@@ -325,6 +378,9 @@ class Trainer:
         _sync(args)
         self.times.append(time.perf_counter() - t0)
         self.losses.append(loss.detach())
+        if eval_due(step, args):
+            mine = held_out_loss(model, args, slice(self.first, self.first + self.rows))
+            self.evals.append((step, mine))
 
     def finish(self):
         """Global loss per step (mean of the shards' means) and the slowest rank's step times:
@@ -336,6 +392,10 @@ class Trainer:
         ls /= self.shards
         tt = torch.tensor(self.times, dtype=torch.float64)
         self.grid.all_reduce(tt, "world", "max")
+        ev = torch.tensor([v for _, v in self.evals], dtype=torch.float64)
+        if len(ev):
+            self.grid.all_reduce(ev, ("z", "data"))  # every shard's mean, averaged
+            ev /= self.shards
         stats = dict(self.ov.stats) if self.ov is not None else {}
         learned = len(self.ov.learned_order or []) if self.ov is not None else None
         return {
@@ -344,6 +404,7 @@ class Trainer:
             "median_step_s": summarize(tt.tolist()),
             "stats": stats,
             "linear_calls_learned": learned,
+            "evals": [{"step": st, "loss": v} for (st, _), v in zip(self.evals, ev.tolist())],
         }
 
 
@@ -455,6 +516,7 @@ def write_outputs(args, results, shape, world, comp):
             args,
             r["losses"],
             r["step_times"],
+            evals=r["evals"],
             mode="4d",
             grid=shape,
             world=world,
@@ -494,21 +556,24 @@ def main(argv=None):
     if args.reference:
         if args.threads:
             torch.set_num_threads(args.threads)
-        losses, times = run_reference(args)
+        losses, times, evals = run_reference(args)
         for i, v in enumerate(losses):
             print(f"step {i:3d} loss {v:.6f}")
+        for e in evals:
+            print(f"held-out loss after step {e['step']}: {e['loss']:.6f}")
         out = {
             "mode": "reference",
             "losses": losses,
             "step_times": times,
             "median_step_s": summarize(times),
+            "evals": evals,
             "args": vars(args),
         }
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
         if args.loss_log:
-            write_loss_log(args.loss_log, args, losses, times, mode="reference")
+            write_loss_log(args.loss_log, args, losses, times, evals=evals, mode="reference")
         return out
 
     from mpi4py import MPI
@@ -533,6 +598,8 @@ def main(argv=None):
             r = results[args.overlap]
             for i, v in enumerate(r["losses"]):
                 print(f"step {i:3d} loss {v:.6f}  {r['step_times'][i] * 1e3:8.1f} ms")
+            for e in r["evals"]:
+                print(f"held-out loss after step {e['step']}: {e['loss']:.6f}")
             if args.compression:
                 print_compression(comp)
             if r["stats"] or r["linear_calls_learned"]:

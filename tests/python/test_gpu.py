@@ -211,7 +211,7 @@ def test_gpt_example_on_cuda(n, shape, tmp_path):
     spec = importlib.util.spec_from_file_location("train_gpt_4d", example)
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
-    ref, _ = ex.run_reference(ex.parse_args(["--reference", "--steps", "20"]))
+    ref, _, _ = ex.run_reference(ex.parse_args(["--reference", "--steps", "20"]))
     out = tmp_path / "run.json"
     x, y, z, d = shape
     run_mpi(

@@ -106,7 +106,7 @@ def test_errors_name_the_argument(one_rank):
 def test_example_reference_runs_and_learns():
     ex = _example()
     args = ex.parse_args(["--reference", "--steps", "20"])
-    losses, _ = ex.run_reference(args)
+    losses, _, _ = ex.run_reference(args)
     assert len(losses) == 20 and losses[-1] < losses[0] - 0.3, losses
 
 
@@ -142,7 +142,7 @@ LOSS_RTOL = 1e-4
 @pytest.mark.parametrize("n,shape,mode", EXAMPLE_RUNS, ids=lambda v: str(v))
 def test_gpt_example_matches_single_process(n, shape, mode, tmp_path):
     ex = _example()
-    ref_losses, _ = ex.run_reference(ex.parse_args(["--reference", "--steps", "20"]))
+    ref_losses, _, _ = ex.run_reference(ex.parse_args(["--reference", "--steps", "20"]))
     out = tmp_path / "run.json"
     x, y, z, d = shape
     sel = ["--sweep"] if mode == "sweep" else ["--overlap", mode]
@@ -184,3 +184,48 @@ def test_gpt_example_matches_single_process(n, shape, mode, tmp_path):
             assert st.get("buckets_early", 0) > 0, st
             if z > 1:
                 assert st.get("prefetched_forward", 0) > 0 and st.get("deferred", 0) > 0, st
+
+
+def test_example_held_out_set_is_fixed_and_the_decay_ends_at_a_tenth():
+    ex = _example()
+    a0 = ex.parse_args(["--reference", "--seed", "0", "--steps", "11", "--lr-decay"])
+    a1 = ex.parse_args(["--reference", "--seed", "1", "--steps", "11", "--lr-decay"])
+    for i in range(3):  # one held-out set whatever the seed, and none of it a training batch
+        e0, e1 = ex.eval_batch(i, a0), ex.eval_batch(i, a1)
+        assert all(torch.equal(u, v) for u, v in zip(e0, e1))
+        assert not torch.equal(e0[0], ex.batch(i, a0)[0])
+        assert not torch.equal(e0[0], ex.batch(i, a1)[0])
+    assert ex.lr_at(0, a0) == pytest.approx(a0.lr)
+    assert ex.lr_at(10, a0) == pytest.approx(0.1 * a0.lr)
+    assert a0.lr > ex.lr_at(5, a0) > 0.1 * a0.lr
+    plain = ex.parse_args(["--reference", "--steps", "11"])
+    assert ex.lr_at(10, plain) == plain.lr
+
+
+def test_gpt_example_held_out_losses_match_single_process(tmp_path):
+    """--eval-every and --lr-decay on the data-parallel grid of the compression recordings:
+    the 4D run's training and held-out losses are the unsharded model's."""
+    ex = _example()
+    opts = ["--steps", "12", "--eval-every", "5", "--lr-decay"]
+    ref_losses, _, ref_evals = ex.run_reference(ex.parse_args(["--reference", *opts]))
+    assert [e["step"] for e in ref_evals] == [4, 9, 11]
+    out = tmp_path / "run.json"
+    run_mpi(
+        4,
+        [str(EXAMPLE), "--x", "2", "--data", "2", *opts, "--quiet", "--loss-log", str(out)],
+        timeout=300,
+    )
+    log = json.loads(out.read_text())
+    torch.testing.assert_close(
+        torch.tensor([s["loss"] for s in log["steps"]]),
+        torch.tensor(ref_losses),
+        rtol=LOSS_RTOL,
+        atol=0.0,
+    )
+    assert [e["step"] for e in log["evals"]] == [4, 9, 11]
+    torch.testing.assert_close(
+        torch.tensor([e["loss"] for e in log["evals"]]),
+        torch.tensor([e["loss"] for e in ref_evals]),
+        rtol=LOSS_RTOL,
+        atol=0.0,
+    )
