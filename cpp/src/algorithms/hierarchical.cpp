@@ -39,7 +39,10 @@
 //
 // On one node the rails have one member each: asked for by name, the algorithm runs its intra
 // level alone (so code written for a cluster runs unchanged on one machine); the cost model
-// leaves it out of auto's candidates there. Not supported (supports() says why, and an
+// leaves it out of auto's candidates there. With one rank per node (and no codec on the
+// rails) it runs its rail level alone. Either way the level's algorithm runs on the group as
+// itself (oneLevel): the same messages as the two-level path, without its second schedule,
+// its staging copies and its pipeline chunks. Not supported (supports() says why, and an
 // explicit request raises InvalidArgument): nodes holding different numbers of the group's
 // ranks (the rails would differ in size).
 #include <algorithm>
@@ -207,6 +210,40 @@ void levelAR(Schedule& s, LevelAlgo a, const void* in, void* out, size_t count, 
   }
 }
 
+// A group with one level of work: one rank per node (the rails are the whole group; without a
+// codec on them) or one node (the intra level is the whole group). The level's algorithm then
+// runs on the group itself, as ring/rhd/shm/flat would: no second schedule, no staging copies
+// into rail order, no pipeline chunks. Data-parallel groups of a grid whose tensor-parallel
+// axes fill the nodes have one rank per node, so this is the usual case there. Null when both
+// levels have work.
+const AlgorithmImpl* oneLevel(Group& g, Collective c, size_t bytes, DataType t, OpContext& ctx) {
+  const GroupTopology& topo = g.topology();
+  if (topo.k == 1 && topo.numNodes > 1 && !ctx.codec) {
+    switch (chooseLevel(g, g, c, false, bytes, t, false)) {
+      case LevelAlgo::kRhd:
+        return algorithmImpl(Algorithm::kRhd);
+      case LevelAlgo::kFlat:
+        return algorithmImpl(Algorithm::kFlat);
+      default:
+        return algorithmImpl(Algorithm::kRing);
+    }
+  }
+  if (topo.numNodes == 1 && topo.k > 1) {
+    const bool shmOk = shmAvailable(g.intra(ctx), ctx);
+    switch (chooseLevel(g, g, c, true, bytes, t, shmOk)) {
+      case LevelAlgo::kShm:
+        return algorithmImpl(Algorithm::kShm);
+      case LevelAlgo::kRhd:
+        return algorithmImpl(Algorithm::kRhd);
+      case LevelAlgo::kFlat:
+        return algorithmImpl(Algorithm::kFlat);
+      default:
+        return algorithmImpl(Algorithm::kRing);
+    }
+  }
+  return nullptr;
+}
+
 // Everything the three collectives share: the two levels, their algorithms, the flags that
 // order the two schedules.
 struct Levels {
@@ -271,6 +308,8 @@ Blocks allReduceChunks(const Levels& L, size_t count, int C) {
 }
 
 void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  if (auto* one = oneLevel(g, Collective::kAllReduce, in.bytes(), in.dtype, ctx))
+    return one->allReduce(g, in, out, op, ctx);
   Levels L(g, ctx);
   const DataType t = in.dtype;
   const size_t es = dataTypeSize(t);
@@ -324,6 +363,8 @@ void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpCon
 }
 
 void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
+  if (auto* one = oneLevel(g, Collective::kAllGather, out.bytes(), in.dtype, ctx))
+    return one->allGather(g, in, out, ctx);
   Levels L(g, ctx);
   const DataType t = in.dtype;
   const size_t es = dataTypeSize(t);
@@ -372,6 +413,8 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
 }
 
 void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
+  if (auto* one = oneLevel(g, Collective::kReduceScatter, in.bytes(), in.dtype, ctx))
+    return one->reduceScatter(g, in, out, op, ctx);
   Levels L(g, ctx);
   const DataType t = in.dtype;
   const size_t es = dataTypeSize(t);
