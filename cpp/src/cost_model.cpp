@@ -478,16 +478,20 @@ Cost shmCost(Collective c, double n, const Links& L) {
 
 // -- validation and setup --
 
+// Every call checks its group's shape (shapeSupports): the message is built only on failure.
 void checkShape(const GroupShape& s) {
-  std::ostringstream found;
-  found << "size=" << s.size << ", nodes=" << s.nodes << ", ranksPerNode=" << s.ranksPerNode
-        << ", uniform=" << (s.uniform ? "true" : "false");
+  auto found = [&] {
+    std::ostringstream os;
+    os << "size=" << s.size << ", nodes=" << s.nodes << ", ranksPerNode=" << s.ranksPerNode
+       << ", uniform=" << (s.uniform ? "true" : "false");
+    return os.str();
+  };
   if (s.size < 1 || s.nodes < 1 || s.nodes > s.size) {
-    throw InvalidArgument("shape: expected size >= 1 and 1 <= nodes <= size; found " + found.str());
+    throw InvalidArgument("shape: expected size >= 1 and 1 <= nodes <= size; found " + found());
   }
   if (s.uniform && (s.ranksPerNode < 1 || s.ranksPerNode * s.nodes != s.size)) {
     throw InvalidArgument("shape: a uniform group needs size == nodes * ranksPerNode; found " +
-                          found.str());
+                          found());
   }
 }
 
