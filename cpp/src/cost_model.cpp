@@ -529,12 +529,15 @@ void checkProfileFields(const MachineProfile& m) {
   if (!(m.cacheBwGain >= 1) || std::isinf(m.cacheBwGain)) {
     fail("cacheBwGain", "cache_bw_gain", "a finite ratio >= 1", m.cacheBwGain);
   }
+  // Every prediction checks its profile (a calibrated one holds hundreds of corrections):
+  // the names are built only on failure.
   for (size_t i = 0; i < m.corrections.size(); ++i) {
     const Correction& c = m.corrections[i];
-    const std::string at = "corrections[" + std::to_string(i) + "].";
     auto check = [&](bool ok, const char* field, const char* fileName, const char* expected,
                      double value) {
-      if (!ok) fail((at + field).c_str(), (at + fileName).c_str(), expected, value);
+      if (ok) return;
+      const std::string at = "corrections[" + std::to_string(i) + "].";
+      fail((at + field).c_str(), (at + fileName).c_str(), expected, value);
     };
     const int ci = static_cast<int>(c.collective), ai = static_cast<int>(c.algorithm);
     check(ci >= 0 && ci < kNumCollectives, "collective", "collective", "0..3", ci);

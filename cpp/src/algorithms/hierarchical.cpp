@@ -48,7 +48,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 
 #include "algorithms/levels.hpp"
 #include "fourd/error.hpp"
@@ -88,8 +91,8 @@ bool envLevel(const char* var, LevelAlgo* out) {
 
 // The level's algorithm: the backend's own on GPU memory; else forced by the environment, else
 // the cheapest in the cost model.
-LevelAlgo chooseLevel(const Group& g, const Group& level, Collective c, bool intraLevel,
-                      size_t bytes, DataType t, bool shmOk) {
+LevelAlgo chooseLevelNow(const Group& g, const Group& level, Collective c, bool intraLevel,
+                         size_t bytes, DataType t, bool shmOk) {
   if (!level.backend().hostMemory()) return LevelAlgo::kFlat;
   const int size = level.size();
   LevelAlgo forced;
@@ -117,6 +120,34 @@ LevelAlgo chooseLevel(const Group& g, const Group& level, Collective c, bool int
     if (shm < bestT) best = LevelAlgo::kShm;
   }
   return best;
+}
+
+// chooseLevelNow, remembered per group for the profile it was priced with: every call asks
+// (twice for two levels), and pricing a level reads the environment and walks the profile's
+// measured corrections. The FOURD_HIERARCHICAL_* settings are agreed at init and stay put.
+struct LevelMemo {
+  std::shared_ptr<const MachineProfile> profile;
+  std::map<std::tuple<int, size_t, int, bool, bool, int>, LevelAlgo> chosen;
+};
+
+LevelAlgo chooseLevel(Group& g, const Group& level, Collective c, bool intraLevel, size_t bytes,
+                      DataType t, bool shmOk) {
+  auto& slot = g.state()["hierarchical.levels"];
+  if (!slot) slot = std::make_shared<LevelMemo>();
+  auto* memo = static_cast<LevelMemo*>(slot.get());
+  auto profile = g.profile();
+  if (memo->profile != profile) {
+    memo->chosen.clear();
+    memo->profile = std::move(profile);
+  }
+  const auto key = std::make_tuple(static_cast<int>(c), bytes, static_cast<int>(t), intraLevel,
+                                   shmOk, level.size());
+  auto it = memo->chosen.find(key);
+  if (it == memo->chosen.end()) {
+    if (memo->chosen.size() >= 4096) memo->chosen.clear();
+    it = memo->chosen.emplace(key, chooseLevelNow(g, level, c, intraLevel, bytes, t, shmOk)).first;
+  }
+  return it->second;
 }
 
 // Chunks of the pipeline: FOURD_HIERARCHICAL_CHUNKS exactly when set (tests use it to force
