@@ -241,6 +241,21 @@ void levelAR(Schedule& s, LevelAlgo a, const void* in, void* out, size_t count, 
   }
 }
 
+// The algorithm that runs a level's choice on a whole group.
+const AlgorithmImpl* implOf(LevelAlgo a) {
+  switch (a) {
+    case LevelAlgo::kShm:
+      return algorithmImpl(Algorithm::kShm);
+    case LevelAlgo::kRhd:
+      return algorithmImpl(Algorithm::kRhd);
+    case LevelAlgo::kFlat:
+      return algorithmImpl(Algorithm::kFlat);
+    case LevelAlgo::kRing:
+      break;
+  }
+  return algorithmImpl(Algorithm::kRing);
+}
+
 // A group with one level of work: one rank per node (the rails are the whole group; without a
 // codec on them) or one node (the intra level is the whole group). The level's algorithm then
 // runs on the group itself, as ring/rhd/shm/flat would: no second schedule, no staging copies
@@ -249,29 +264,10 @@ void levelAR(Schedule& s, LevelAlgo a, const void* in, void* out, size_t count, 
 // levels have work.
 const AlgorithmImpl* oneLevel(Group& g, Collective c, size_t bytes, DataType t, OpContext& ctx) {
   const GroupTopology& topo = g.topology();
-  if (topo.k == 1 && topo.numNodes > 1 && !ctx.codec) {
-    switch (chooseLevel(g, g, c, false, bytes, t, false)) {
-      case LevelAlgo::kRhd:
-        return algorithmImpl(Algorithm::kRhd);
-      case LevelAlgo::kFlat:
-        return algorithmImpl(Algorithm::kFlat);
-      default:
-        return algorithmImpl(Algorithm::kRing);
-    }
-  }
-  if (topo.numNodes == 1 && topo.k > 1) {
-    const bool shmOk = shmAvailable(g.intra(ctx), ctx);
-    switch (chooseLevel(g, g, c, true, bytes, t, shmOk)) {
-      case LevelAlgo::kShm:
-        return algorithmImpl(Algorithm::kShm);
-      case LevelAlgo::kRhd:
-        return algorithmImpl(Algorithm::kRhd);
-      case LevelAlgo::kFlat:
-        return algorithmImpl(Algorithm::kFlat);
-      default:
-        return algorithmImpl(Algorithm::kRing);
-    }
-  }
+  if (topo.k == 1 && topo.numNodes > 1 && !ctx.codec)
+    return implOf(chooseLevel(g, g, c, false, bytes, t, false));
+  if (topo.numNodes == 1 && topo.k > 1)
+    return implOf(chooseLevel(g, g, c, true, bytes, t, shmAvailable(g.intra(ctx), ctx)));
   return nullptr;
 }
 
