@@ -104,7 +104,7 @@ def parse_args(argv=None):
         help="every N steps and after the last, the mean loss on a held-out set of "
         "--eval-batches batches that does not depend on --seed (0: never)",
     )
-    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--eval-batches", type=int, default=8, metavar="B")
     p.add_argument(
         "--lr-decay",
         action="store_true",
@@ -265,6 +265,16 @@ def lr_at(step, args):
     return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * step / (args.steps - 1))))
 
 
+def set_lr(opt, step, args):
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, args)
+
+
+def print_evals(evals):
+    for e in evals:
+        print(f"held-out loss after step {e['step']}: {e['loss']:.6f}")
+
+
 def eval_due(step, args):
     last = step == args.steps - 1
     return args.eval_every > 0 and (last or (step + 1) % args.eval_every == 0)
@@ -291,8 +301,7 @@ def run_reference(args):
     losses, times, evals = [], [], []
     for step in range(args.steps):
         t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
+        set_lr(opt, step, args)
         inp, tgt = (t.to(args.device) for t in batch(step, args))
         logits = model(inp)
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tgt.reshape(-1))
@@ -362,8 +371,7 @@ class Trainer:
         grid, model, args = self.grid, self.model, self.args
         grid.barrier()  # time every step from a common start (not part of training)
         t0 = time.perf_counter()
-        for group in self.opt.param_groups:
-            group["lr"] = lr_at(step, args)
+        set_lr(self.opt, step, args)
         inp, tgt = batch(step, args)
         inp = inp[self.first : self.first + self.rows].to(args.device)
         tgt = tgt[self.first : self.first + self.rows].to(args.device)
@@ -559,8 +567,7 @@ def main(argv=None):
         losses, times, evals = run_reference(args)
         for i, v in enumerate(losses):
             print(f"step {i:3d} loss {v:.6f}")
-        for e in evals:
-            print(f"held-out loss after step {e['step']}: {e['loss']:.6f}")
+        print_evals(evals)
         out = {
             "mode": "reference",
             "losses": losses,
@@ -598,8 +605,7 @@ def main(argv=None):
             r = results[args.overlap]
             for i, v in enumerate(r["losses"]):
                 print(f"step {i:3d} loss {v:.6f}  {r['step_times'][i] * 1e3:8.1f} ms")
-            for e in r["evals"]:
-                print(f"held-out loss after step {e['step']}: {e['loss']:.6f}")
+            print_evals(r["evals"])
             if args.compression:
                 print_compression(comp)
             if r["stats"] or r["linear_calls_learned"]:
