@@ -139,7 +139,12 @@ def parse_args(argv=None):
         "and PREFIX_grads.npy (float32), real data for the codec benchmark",
     )
     p.add_argument("--quiet", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.eval_every < 0:
+        p.error(f"--eval-every: expected N >= 0 (0: never); found {args.eval_every}")
+    if args.eval_batches < 1:
+        p.error(f"--eval-batches: expected B >= 1; found {args.eval_batches}")
+    return args
 
 
 def add_compression_args(p):

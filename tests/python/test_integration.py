@@ -233,3 +233,12 @@ def test_gpt_example_held_out_losses_match_single_process(tmp_path):
         rtol=LOSS_RTOL,
         atol=0.0,
     )
+
+
+@pytest.mark.parametrize("bad", [["--eval-every", "-1"], ["--eval-batches", "0"]])
+def test_example_refuses_bad_evaluation_options(bad, capsys):
+    ex = _example()
+    with pytest.raises(SystemExit) as e:
+        ex.parse_args(["--reference", *bad])
+    assert e.value.code == 2
+    assert bad[0] in capsys.readouterr().err
