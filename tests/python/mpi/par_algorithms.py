@@ -433,15 +433,15 @@ def _agreed_by_my_group(g, axis, value):
 
 @pytest.mark.parametrize(
     "count,warm,timed,mode",
-    [(2**18 + 5, 2, 12, "on"), (1021, 16, 64, "on"), (1021, 16, 64, "inline")],
+    [(2**16 + 5, 2, 12, "on"), (1021, 16, 64, "on"), (1021, 16, 64, "inline")],
 )
 def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed, mode, monkeypatch):
     # on (the default): the first call of a size runs the model's choice, the whole
     # exploration runs inside the second; inline: one step of it per call
     monkeypatch.setenv("FOURD_TUNE", mode)
     g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
-    # int32: just over 1 MiB (2 untimed calls, and 12 MiB of timed calls: 12 of them), or just
-    # under 4 KiB (below 256 KiB: 16 untimed and 64 timed calls)
+    # int32: just over 256 KiB (2 untimed calls, then 12 timed ones: tuner.hpp's floor and cap),
+    # or just under 4 KiB (below 256 KiB: 16 untimed and 64 timed calls)
     nbytes = 4 * count
     axes = [a for a in ("x", "world") if g.size(a) > 1]
     for axis in axes:
