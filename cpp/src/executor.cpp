@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "internal/comm_state.hpp"
+#include "internal/op_context.hpp"
 
 namespace fourd::detail {
 
@@ -88,6 +89,7 @@ bool Executor::runNowIfIdle(Work& w, void (*fn)(void*), void* arg) {
 }
 
 void Executor::loop() {
+  markBackgroundThread();  // its waits leave the cores to the computing caller (op_context.cpp)
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
     cv_.wait(lk, [&] { return stop_ || (!queue_.empty() && !busy_); });

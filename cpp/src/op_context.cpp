@@ -93,11 +93,16 @@ bool WaitWatch::expired() {
 
 namespace {
 std::atomic<bool> gOversubscribed{false};
-}
+thread_local bool tBackground = false;
+}  // namespace
 
 void setOversubscribed(bool yes) noexcept { gOversubscribed.store(yes, std::memory_order_relaxed); }
 
 bool oversubscribed() noexcept { return gOversubscribed.load(std::memory_order_relaxed); }
+
+void markBackgroundThread() noexcept { tBackground = true; }
+
+bool backgroundThread() noexcept { return tBackground; }
 
 void Backoff::pause() noexcept {
   // With a core per rank: spin a little first (lowest latency), then yield. With more ranks
@@ -106,18 +111,37 @@ void Backoff::pause() noexcept {
   // progress inside our MPI_Test calls, so the waiter must keep polling rather than sleep).
   // Only a wait that has lasted some 65k polls (tens of milliseconds: a peer that computes, or
   // is late) naps, so that it leaves the core to the computing ranks.
+  //
+  // A progress thread (markBackgroundThread) on more ranks than cores naps much sooner: after
+  // kBackgroundYield of yielding. Its caller is computing meanwhile (DDP's backward, an
+  // overlapped layer), so every core it takes by yielding is taken from its own rank's compute
+  // and its peers'; a yielding thread is rescheduled at once whenever it is the least-run one,
+  // which a thread that mostly yields always is. Measured on a DDP step (4 ranks on 2 cores,
+  // 25 MiB buckets all-reduced in the background): with yielding only, steps spread from 355
+  // to 1327 ms (median 606) whatever the algorithm, MPI's own included; napping after 1 ms of
+  // yielding, 397-557 ms (median 458), gloo 559-840 ms in the same run.
   ++polls_;
-  if (polls_ <= 64 && !gOversubscribed.load(std::memory_order_relaxed)) {
+  const bool over = gOversubscribed.load(std::memory_order_relaxed);
+  if (polls_ <= 64 && !over) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
     return;
   }
-  if (polls_ <= 65536) {
+  bool nap = polls_ > 65536;
+  long napNs = 20 * 1000;
+  if (over && tBackground) {
+    const auto now = Clock::now();
+    if (polls_ == 1) since_ = now;
+    nap = now - since_ >= kBackgroundYield;
+    napNs = kBackgroundNapNs;
+  }
+  if (!nap) {
     sched_yield();
     return;
   }
-  struct timespec ts = {0, 20 * 1000};
+  ++naps_;
+  struct timespec ts = {0, napNs};
   nanosleep(&ts, nullptr);
 }
 

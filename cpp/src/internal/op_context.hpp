@@ -78,14 +78,26 @@ class WaitWatch {
 void setOversubscribed(bool yes) noexcept;
 bool oversubscribed() noexcept;
 
+/// Marks the calling thread as a progress thread (executor.cpp: it runs operations in the
+/// background while their caller computes); its waits nap sooner on more ranks than cores.
+void markBackgroundThread() noexcept;
+bool backgroundThread() noexcept;
+
 /// A polite poll: spins for a few polls when every rank has a core, otherwise yields the core
-/// at once; naps only after a long wait. See op_context.cpp.
+/// at once; naps only after a long wait (on a progress thread with more ranks than cores:
+/// after kBackgroundYield). See op_context.cpp.
 class Backoff {
  public:
+  static constexpr std::chrono::microseconds kBackgroundYield{1000};
+  static constexpr long kBackgroundNapNs = 50 * 1000;
   void pause() noexcept;
+  /// How many of the pauses so far napped.
+  unsigned naps() const noexcept { return naps_; }
 
  private:
   unsigned polls_ = 0;
+  unsigned naps_ = 0;
+  Clock::time_point since_{};
 };
 
 }  // namespace fourd::detail

@@ -1,0 +1,81 @@
+// Backoff (op_context.cpp): how a wait polls. A progress thread on more ranks than cores naps
+// once its wait has lasted kBackgroundYield (each nap at least kBackgroundNapNs), and never
+// before; a caller's thread, or a progress thread with a core per rank, does not nap that soon.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "internal/op_context.hpp"
+
+namespace fd = fourd::detail;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Oversubscribed {
+  bool was = fd::oversubscribed();
+  explicit Oversubscribed(bool on) { fd::setOversubscribed(on); }
+  ~Oversubscribed() { fd::setOversubscribed(was); }
+};
+
+// Pauses for `span` of wall time; returns how many.
+int pauseFor(fd::Backoff& b, Clock::duration span) {
+  const auto t0 = Clock::now();
+  int n = 0;
+  while (Clock::now() - t0 < span) {
+    b.pause();
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST(Backoff, AProgressThreadOnMoreRanksThanCoresNapsOnceItsWaitOutlastsTheYieldTime) {
+  Oversubscribed over(true);
+  unsigned napsEarly = 1, napsLater = 0, napsTimed = 0;
+  double timed = 0;
+  std::thread t([&] {
+    fd::markBackgroundThread();
+    EXPECT_TRUE(fd::backgroundThread());
+    fd::Backoff b;
+    pauseFor(b, fd::Backoff::kBackgroundYield / 2);
+    napsEarly = b.naps();  // inside the yield time: none
+    pauseFor(b, fd::Backoff::kBackgroundYield);
+    napsLater = b.naps();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 20; ++i) b.pause();
+    timed = std::chrono::duration<double>(Clock::now() - t0).count();
+    napsTimed = b.naps() - napsLater;
+  });
+  t.join();
+  EXPECT_EQ(napsEarly, 0u);
+  EXPECT_GT(napsLater, 0u);
+  EXPECT_EQ(napsTimed, 20u);
+  EXPECT_GE(timed, 20 * fd::Backoff::kBackgroundNapNs * 1e-9);
+  fd::Backoff fresh;  // a new wait yields again first (this thread is not a progress thread,
+  fresh.pause();      // and a new Backoff starts from its first poll)
+  EXPECT_EQ(fresh.naps(), 0u);
+}
+
+TEST(Backoff, TheCallersThreadDoesNotNapThatSoon) {
+  Oversubscribed over(true);
+  EXPECT_FALSE(fd::backgroundThread());
+  fd::Backoff b;
+  pauseFor(b, fd::Backoff::kBackgroundYield * 3);
+  EXPECT_EQ(b.naps(), 0u);  // it naps only after 65536 polls
+}
+
+TEST(Backoff, AProgressThreadWithACorePerRankDoesNotNapThatSoon) {
+  Oversubscribed over(false);
+  unsigned naps = 1;
+  std::thread t([&] {
+    fd::markBackgroundThread();
+    fd::Backoff b;
+    pauseFor(b, fd::Backoff::kBackgroundYield * 3);
+    naps = b.naps();
+  });
+  t.join();
+  EXPECT_EQ(naps, 0u);
+}
