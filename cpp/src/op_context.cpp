@@ -116,10 +116,9 @@ void Backoff::pause() noexcept {
   // kBackgroundYield of yielding. Its caller is computing meanwhile (DDP's backward, an
   // overlapped layer), so every core it takes by yielding is taken from its own rank's compute
   // and its peers'; a yielding thread is rescheduled at once whenever it is the least-run one,
-  // which a thread that mostly yields always is. Measured on a DDP step (4 ranks on 2 cores,
-  // 25 MiB buckets all-reduced in the background): with yielding only, steps spread from 355
-  // to 1327 ms (median 606) whatever the algorithm, MPI's own included; napping after 1 ms of
-  // yielding, 397-557 ms (median 458), gloo 559-840 ms in the same run.
+  // which a thread that mostly yields always is. Measured on a DDP step, 4 ranks on 2 cores
+  // (bench/README.md, ddp_np4 and ddp_np4_forced_*): yielding only, some steps took 0.9-4.9 s
+  // whatever the algorithm, MPI's own included; with these naps the slowest of 50 took 623 ms.
   ++polls_;
   const bool over = gOversubscribed.load(std::memory_order_relaxed);
   if (polls_ <= 64 && !over) {
