@@ -113,12 +113,16 @@ void Backoff::pause() noexcept {
   // is late) naps, so that it leaves the core to the computing ranks.
   //
   // A progress thread (markBackgroundThread) on more ranks than cores naps much sooner: after
-  // kBackgroundYield of yielding. Its caller is computing meanwhile (DDP's backward, an
-  // overlapped layer), so every core it takes by yielding is taken from its own rank's compute
-  // and its peers'; a yielding thread is rescheduled at once whenever it is the least-run one,
+  // kBackgroundYield of yielding. Its caller usually computes meanwhile (DDP's backward, an
+  // overlapped layer), and so do its peers, so every core it takes by yielding is taken from
+  // that compute; a yielding thread is rescheduled at once whenever it is the least-run one,
   // which a thread that mostly yields always is. Measured on a DDP step, 4 ranks on 2 cores
   // (bench/README.md, ddp_np4 and ddp_np4_forced_*): yielding only, some steps took 0.9-4.9 s
-  // whatever the algorithm, MPI's own included; with these naps the slowest of 50 took 623 ms.
+  // whatever the algorithm, MPI's own included; with these naps the slowest of 50 took 0.9 s.
+  // Not sooner: a wait past kBackgroundYield ends up to a nap late, and the 8-rank suite of
+  // overlapped layers (many short background operations) took 72 s instead of 44 with 1 ms,
+  // 47 s with 5 ms. Napping only while this process computes does not do: the core a waiting
+  // progress thread takes is mostly another rank's.
   ++polls_;
   const bool over = gOversubscribed.load(std::memory_order_relaxed);
   if (polls_ <= 64 && !over) {

@@ -88,7 +88,7 @@ bool backgroundThread() noexcept;
 /// after kBackgroundYield). See op_context.cpp.
 class Backoff {
  public:
-  static constexpr std::chrono::microseconds kBackgroundYield{1000};
+  static constexpr std::chrono::microseconds kBackgroundYield{5000};
   static constexpr long kBackgroundNapNs = 50 * 1000;
   void pause() noexcept;
   /// How many of the pauses so far napped.
