@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from patterns import repeat_to
 
 import fourd
 
@@ -61,14 +62,6 @@ def rpn_values(n):
     if n >= 4:
         out.append(3)  # uneven: 3+1 on 4 ranks, 3+3+2 on 8
     return out
-
-
-def repeat_to(period, count):
-    """`period` repeated to `count` elements, by a broadcast copy (several times faster than
-    np.resize on the 2**20-element calls, whose checks otherwise cost more than the calls)."""
-    out = np.empty((count // len(period) + 1, len(period)), period.dtype)
-    out[:] = period
-    return out.reshape(-1)[:count]
 
 
 def values(rank, count, offset=0):

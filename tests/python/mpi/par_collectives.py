@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from patterns import repeat_to
 
 import fourd
 
@@ -50,15 +51,6 @@ def factorizations(n):
 
 def rpn_values(n):
     return [None] + [r for r in (1, 2, 4, 8) if r <= n]
-
-
-def repeat_to(period, count):
-    """`period` repeated to `count` elements, by a broadcast copy: several times faster than
-    np.resize, np.tile or index arithmetic on the 2**20-element calls, whose checks otherwise
-    cost more than the collectives."""
-    out = np.empty((count // len(period) + 1, len(period)), period.dtype)
-    out[:] = period
-    return out.reshape(-1)[:count]
 
 
 def values(rank, count, offset=0):
