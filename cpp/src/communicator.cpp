@@ -151,6 +151,7 @@ Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType 
   out.settled = r.settled;
   out.exploreCalls = r.exploreCalls;
   out.recheckGap = r.recheckGap;
+  out.period = r.period;
   out.saved = r.saved;
   return out;
 }
@@ -161,7 +162,7 @@ std::vector<Communicator::TunedCall> Communicator::tunedCalls() const {
   for (const auto& c : st.selector.tuner().choices(st.host->profile())) {
     out.push_back({static_cast<Collective>(std::get<0>(c.key)), std::get<1>(c.key),
                    static_cast<DataType>(std::get<2>(c.key)), c.algorithm, c.provisional, c.calls,
-                   c.cands, c.seconds});
+                   c.cands, c.seconds, c.gap});
   }
   return out;
 }
@@ -187,8 +188,12 @@ int Communicator::seedTuning(const std::vector<TunedCall>& calls) {
     const bool figures = c.seconds.size() == cands.size() &&
                          std::all_of(c.seconds.begin(), c.seconds.end(),
                                      [](double s) { return std::isfinite(s) && s > 0; });
-    if (c.candidates != cands || c.algorithm == cands[0] || !figures || c.calls < 0) continue;
-    tuner.seedProvisional(call.key(), profile, cands, c.algorithm, c.seconds, c.calls);
+    if (c.candidates != cands || c.algorithm == cands[0] || !figures || c.calls < 0 ||
+        c.recheckGap < 0) {
+      continue;
+    }
+    tuner.seedProvisional(call.key(), profile, cands, c.algorithm, c.seconds, c.calls,
+                          c.recheckGap);
     ++taken;
   }
   return taken;

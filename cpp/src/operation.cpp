@@ -264,7 +264,7 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
         2 * Tuner::kPasses * Tuner::kMaxCandidates * (Tuner::kSmallWarm + Tuner::kSmallTimed);
     for (int i = 0; step.candidate >= 0 && i < most; ++i) {
       runStep(s, trial, step, ctx);
-      step = tuner.next(key, spec.profile, shortlist);
+      step = tuner.next(key, spec.profile, shortlist, false);
     }
   }
   runStep(s, spec, step, ctx);

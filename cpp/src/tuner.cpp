@@ -1,6 +1,7 @@
 #include "internal/tuner.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace fourd::detail {
 
@@ -41,6 +42,27 @@ int Tuner::warmCalls(size_t nbytes) {
   return static_cast<int>(std::min<size_t>(kMaxWarm, std::max<size_t>(kWarm, n)));
 }
 
+int Tuner::recheckGap(int exploreCalls, double period) {
+  const int most = kRecheckGap * exploreCalls;
+  if (!(period > 0) || !std::isfinite(period)) return most;
+  const double n = std::ceil(kRecheckAfter / period);
+  return n < most ? std::max(1, static_cast<int>(n)) : most;
+}
+
+int Tuner::exploreCallsLocked(const Entry& e) const {
+  const int m = static_cast<int>(e.cands.size());
+  return m <= 1 ? 0 : kPasses * m * (e.warm + e.timed);
+}
+
+void Tuner::arriveLocked(Entry& e) {
+  // Only the first exploration needs the period (the switch's re-check gap comes from it).
+  if (e.settled != Algorithm::kAuto || e.round != 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (e.arrivals == 0) e.firstArrival = now;
+  e.lastArrival = now;
+  ++e.arrivals;
+}
+
 size_t Tuner::decide(const std::vector<double>& seconds) {
   if (seconds.empty()) return 0;
   size_t best = 0;
@@ -74,7 +96,7 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
   const int m = static_cast<int>(e.cands.size());
   const int per = e.warm + e.timed;
   const int total = kPasses * m * per;
-  if (e.provisional && e.sinceSettle >= kRecheckGap * total) {
+  if (e.provisional && e.sinceSettle >= (e.gap > 0 ? e.gap : kRecheckGap * total)) {
     // The re-check of a switch: the shortlist explored again, from its first call (and here:
     // a switch seeded from a saved run is no longer the saved decision).
     e.provisional = false;
@@ -135,6 +157,10 @@ std::vector<double> Tuner::record(const Key& key,
       best[c] = p == 0 ? w[k / 2] : std::min(best[c], w[k / 2]);
     }
   }
+  if (e.round == 0) {  // the key's call period, as this rank saw the program's calls
+    const double span = std::chrono::duration<double>(e.lastArrival - e.firstArrival).count();
+    best.push_back(e.arrivals >= 2 ? span / (e.arrivals - 1) : 0.0);
+  }
   return best;
 }
 
@@ -143,10 +169,13 @@ void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& 
   std::lock_guard<std::mutex> lock(mu_);
   if (profile_ != profile) return;
   auto it = entries_.find(key);
-  if (it == entries_.end() || seconds.size() != it->second.cands.size()) return;
+  if (it == entries_.end()) return;
   Entry& e = it->second;
+  const size_t m = e.cands.size();
+  if (seconds.size() != m && seconds.size() != m + 1) return;
   if (e.settled != Algorithm::kAuto) return;  // already settled (a repeated call)
-  std::vector<double> figures = seconds;
+  std::vector<double> figures(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(m));
+  if (e.round == 0) e.period = seconds.size() > m ? seconds[m] : 0.0;
   if (e.round == 1) {  // the re-check: each candidate's lower figure of the two explorations
     for (size_t i = 0; i < figures.size() && i < e.seconds.size(); ++i) {
       figures[i] = std::min(figures[i], e.seconds[i]);
@@ -157,6 +186,7 @@ void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& 
   e.settled = e.cands[pick];
   e.provisional = e.round == 0 && pick != 0;
   e.sinceSettle = 0;
+  e.gap = e.provisional ? recheckGap(exploreCallsLocked(e), e.period) : 0;
   e.samples.clear();
 }
 
@@ -172,7 +202,7 @@ void Tuner::seed(const Key& key, const std::shared_ptr<const MachineProfile>& pr
 
 void Tuner::seedProvisional(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                             std::vector<Algorithm> cands, Algorithm algorithm,
-                            std::vector<double> seconds, int calls) {
+                            std::vector<double> seconds, int calls, int gap) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entryLocked(key, profile);
   const int timed = e.timed, warm = e.warm;
@@ -183,6 +213,7 @@ void Tuner::seedProvisional(const Key& key, const std::shared_ptr<const MachineP
   e.settled = algorithm;
   e.provisional = true;
   e.sinceSettle = calls;
+  e.gap = std::max(0, gap);
   e.seconds = std::move(seconds);
   e.saved = true;
 }
@@ -195,7 +226,8 @@ std::vector<Tuner::Choice> Tuner::choices(
   for (const auto& [key, e] : entries_) {
     if (e.settled == Algorithm::kAuto) continue;  // exploring, or not yet
     if (e.provisional) {
-      out.push_back({key, e.settled, true, e.sinceSettle, e.seconds, e.cands});
+      const int gap = e.gap > 0 ? e.gap : kRecheckGap * exploreCallsLocked(e);
+      out.push_back({key, e.settled, true, e.sinceSettle, e.seconds, e.cands, gap});
     } else if (e.cands.size() > 1 || e.saved) {  // a single candidate is no decision
       out.push_back({key, e.settled, false, 0, {}, {}});
     }
@@ -214,9 +246,9 @@ Tuner::Report Tuner::report(const Key& key,
   r.candidates = e.cands;
   r.seconds = e.seconds;
   r.settled = e.settled;
-  r.exploreCalls =
-      e.cands.size() <= 1 ? 0 : kPasses * static_cast<int>(e.cands.size()) * (e.warm + e.timed);
-  r.recheckGap = kRecheckGap * r.exploreCalls;
+  r.exploreCalls = exploreCallsLocked(e);
+  r.recheckGap = e.gap > 0 ? e.gap : kRecheckGap * r.exploreCalls;
+  r.period = e.period;
   r.saved = e.saved;
   if (e.saved && !e.provisional) {
     r.state = "settled";

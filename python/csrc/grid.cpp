@@ -492,7 +492,7 @@ void bindSavedTuning(CommunicatorClass& c) {
              py::list cands;
              for (auto a : t.candidates) cands.append(fourd::algorithmName(a));
              call = py::make_tuple(call[0], call[1], call[2], call[3], t.calls, cands,
-                                   py::cast(t.seconds));
+                                   py::cast(t.seconds), t.recheckGap);
            }
            out.append(call);
          }
@@ -500,29 +500,31 @@ void bindSavedTuning(CommunicatorClass& c) {
        },
        "The choices tuning in use made under the current profile: final ones "
        "(collective, nbytes, dtype, algorithm), provisional switches (collective, nbytes, "
-       "dtype, algorithm, calls run since the exploration, [candidates], [seconds]).")
+       "dtype, algorithm, calls run since the exploration, [candidates], [seconds], "
+       "calls it runs before its re-check).")
       .def(
           "seed_tuning",
           [](Communicator& c, const std::vector<py::tuple>& calls) {
             std::vector<Communicator::TunedCall> v;
             for (const auto& t : calls) {
-              if (t.size() != 4 && t.size() != 7) {
+              if (t.size() != 4 && t.size() != 7 && t.size() != 8) {
                 throw fourd::InvalidArgument(
-                    "seed_tuning: expected tuples of 4 (a final choice) or 7 (a provisional "
-                    "one) items, found " +
+                    "seed_tuning: expected tuples of 4 (a final choice) or 8 (a provisional "
+                    "one; 7 without its re-check gap) items, found " +
                     std::to_string(t.size()));
               }
               Communicator::TunedCall call{fourd::parseCollective(t[0].cast<std::string>()),
                                            t[1].cast<size_t>(),
                                            fourd::parseDataType(t[2].cast<std::string>()),
                                            fourd::parseAlgorithm(t[3].cast<std::string>())};
-              if (t.size() == 7) {
+              if (t.size() >= 7) {
                 call.provisional = true;
                 call.calls = t[4].cast<int>();
                 for (auto a : t[5].cast<std::vector<std::string>>()) {
                   call.candidates.push_back(fourd::parseAlgorithm(a));
                 }
                 call.seconds = t[6].cast<std::vector<double>>();
+                if (t.size() == 8) call.recheckGap = t[7].cast<int>();
               }
               v.push_back(std::move(call));
             }
@@ -569,6 +571,7 @@ void bindQueries(CommunicatorClass& c) {
             d["measured_s"] = secs;
             d["explore_calls"] = t.exploreCalls;
             d["recheck_gap"] = t.recheckGap;
+            d["call_period_s"] = t.period;
             d["saved"] = t.saved;
             d["settled"] = t.settled == fourd::Algorithm::kAuto
                                ? py::object(py::none())

@@ -828,7 +828,7 @@ class Grid:
     ) -> dict:
         """What tuning in use knows of this call (``explain(...)["tuning"]``, without pricing
         the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap,
-        saved."""
+        call_period_s, saved."""
         return self._comm_for(axis).tuning(
             collective, _nbytes(nbytes), dtype, _flag(in_place, "in_place")
         )

@@ -108,14 +108,16 @@ class Communicator {
     Algorithm settled = Algorithm::kAuto;
     int exploreCalls = 0;  ///< how many calls one exploration takes (0 when nothing to try)
     int recheckGap = 0;    ///< how many calls a switch runs before it is re-checked
+    double period = 0.0;   ///< the call period (s) the decision measured (0: none yet)
     bool saved = false;    ///< the choice came from a saved decision (seedTuning)
   };
   Tuning tuning(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
 
   /// A choice of tuning in use: calls of `nbytes` (the nccl-tests size) and `dtype` run
   /// `algorithm`. A provisional one is a switch away from the model's choice that has not yet
-  /// had its re-check: it carries the calls it has run since its exploration, the shortlist
-  /// and the exploration's common figures, one per candidate (Tuning::seconds).
+  /// had its re-check: it carries the calls it has run since its exploration, the shortlist,
+  /// the exploration's common figures, one per candidate (Tuning::seconds), and the calls it
+  /// runs before its re-check (Tuning::recheckGap; 0 when seeding: the default gap).
   struct TunedCall {
     Collective collective = Collective::kAllReduce;
     size_t nbytes = 0;
@@ -125,6 +127,7 @@ class Communicator {
     int calls = 0;
     std::vector<Algorithm> candidates;
     std::vector<double> seconds;
+    int recheckGap = 0;
   };
   /// The choices tuning in use has made under the current profile (final or provisional,
   /// explored here or seeded), to save for the next run of the same layout.

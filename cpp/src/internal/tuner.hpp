@@ -24,9 +24,15 @@
 // - Decision: one all-reduce (MAX) of every candidate's figure over the group; from then on
 //   every call runs the fastest, the model's choice unless another is faster by more than
 //   1 - kSwitch (a near tie is the machine's noise).
-// - Re-check: a switch away from the model's choice runs provisionally for kRecheckGap times
-//   the exploration's calls, then the shortlist is explored again and each candidate's figure
-//   becomes the lower of its two (a passing slowdown only adds time); that decision is final.
+// - Re-check: a switch away from the model's choice runs provisionally, then the shortlist is
+//   explored again and each candidate's figure becomes the lower of its two (a passing
+//   slowdown only adds time); that decision is final. The switch runs kRecheckGap times the
+//   exploration's calls, or fewer where the key's calls come slowly: as many as span
+//   kRecheckAfter seconds at the key's call period (the time between its calls as the
+//   program makes them, measured before the decision and made common by the decision's
+//   all-reduce), at least one. A training loop that calls a size once per step would
+//   otherwise run hundreds of steps before the re-check; a second opinion kRecheckAfter
+//   seconds later is what the re-check is for, and it costs one exploration either way.
 // - Upfront (the default; FOURD_TUNE=inline explores on the calls themselves instead): the
 //   first call of a key runs the model's choice; the whole exploration runs inside its second
 //   call, before that call's own work, on buffers that give its result unchanged
@@ -44,6 +50,7 @@
 // how many calls of a key this communicator has run (in issue order on every rank), and the
 // profile that prices the shortlist is the one current when the call was issued.
 
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -75,7 +82,9 @@ class Tuner {
   static constexpr int kSmallTimed = 64;            ///< ... this many timed ones, and every
                                                     ///< supported algorithm on the shortlist
   static constexpr int kRecheckGap = 4;  ///< a switch runs this many explorations' calls,
-                                         ///< then the shortlist is explored again
+                                         ///< then the shortlist is explored again ...
+  static constexpr double kRecheckAfter = 10.0;  ///< ... or fewer, that span this many seconds
+                                                 ///< at the key's call period
 
   using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
 
@@ -117,13 +126,14 @@ class Tuner {
   void seed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
             Algorithm algorithm);
   /// Makes `algorithm` a provisional switch of `key` under `profile` (one saved by an earlier
-  /// run): it runs at once, and its re-check comes when it has run `calls` more than the
-  /// re-check gap, counting the `calls` it ran before; `cands` is the shortlist and `seconds`
+  /// run): it runs at once, and its re-check comes when its calls reach `gap` (the saved
+  /// run's re-check gap; 0: kRecheckGap explorations' calls), counting the `calls` it ran
+  /// before; `cands` is the shortlist and `seconds`
   /// the first exploration's common figures, one per candidate (the re-check takes each
   /// candidate's lower figure of the two). Replaces what the key held.
   void seedProvisional(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                        std::vector<Algorithm> cands, Algorithm algorithm,
-                       std::vector<double> seconds, int calls);
+                       std::vector<double> seconds, int calls, int gap = 0);
 
   /// A choice to save: final (settled after an exploration, re-checked where it switched, or
   /// seeded), or a provisional switch with what its re-check needs.
@@ -134,27 +144,37 @@ class Tuner {
     int calls = 0;                 ///< provisional: calls it has run since its exploration
     std::vector<double> seconds;   ///< provisional: the exploration's figures, per candidate
     std::vector<Algorithm> cands;  ///< provisional: the shortlist they belong to
+    int gap = 0;                   ///< provisional: the calls it runs before its re-check
   };
   /// The keys under `profile` whose tuning has decided (final or provisional).
   std::vector<Choice> choices(const std::shared_ptr<const MachineProfile>& profile) const;
 
   /// The algorithm for the next call of `key` priced by `profile`. `candidates` computes the
-  /// shortlist the first time the key is seen with this profile.
+  /// shortlist the first time the key is seen with this profile. `arrival`: a call the program
+  /// made (false for the further runs of an upfront exploration inside one call); its time
+  /// counts toward the key's call period.
   template <class F>
-  Step next(const Key& key, const std::shared_ptr<const MachineProfile>& profile, F&& candidates) {
+  Step next(const Key& key, const std::shared_ptr<const MachineProfile>& profile, F&& candidates,
+            bool arrival = true) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entryLocked(key, profile);
     if (e.cands.empty()) e.cands = candidates();
+    if (arrival) arriveLocked(e);
     return stepLocked(e);
   }
-  /// Records a timed call's seconds. Returns every candidate's local figure (the better of its
-  /// passes' medians) when this call was the key's last timed one (the caller makes them
-  /// common, then calls settle()).
+  /// Records a timed call's seconds. When this call was the key's last timed one, returns
+  /// every candidate's local figure (the better of its passes' medians), then, in the first
+  /// exploration, the key's call period as this rank measured it (0 where unknown); the caller
+  /// makes them common (MAX), then calls settle().
   std::vector<double> record(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                              const Step& step, double seconds);
-  /// Fixes the key's algorithm from the group's common times (one per candidate).
+  /// Fixes the key's algorithm from the group's common times (one per candidate, then the
+  /// call period where record() gave one).
   void settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
               const std::vector<double>& seconds);
+  /// The calls a switch runs before its re-check: kRecheckGap x `exploreCalls`, or as many as
+  /// span kRecheckAfter at `period` seconds per call where those are fewer (at least one).
+  static int recheckGap(int exploreCalls, double period);
 
   /// What is known of `key`: "seen once" (upfront: the first call ran the model's choice, the
   /// next one explores), "exploring", "provisional" (a switch, running until the second
@@ -167,7 +187,9 @@ class Tuner {
     std::vector<double> seconds;
     Algorithm settled = Algorithm::kAuto;
     int exploreCalls = 0;  ///< how many calls one exploration takes in all
-    int recheckGap = 0;    ///< calls a switch runs before the second exploration
+    int recheckGap = 0;    ///< calls a switch runs before the second exploration (decided
+                           ///< with the switch; before it, kRecheckGap explorations' calls)
+    double period = 0.0;   ///< the key's call period the decision used, seconds (0: unknown)
     bool saved = false;    ///< seeded from a saved decision, not explored in this process
   };
   Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile) const;
@@ -182,6 +204,10 @@ class Tuner {
     int round = 0;             ///< 0: the first exploration, 1: the re-check of a switch
     bool provisional = false;  ///< settled is a switch not yet re-checked
     int sinceSettle = 0;       ///< calls run provisionally
+    int gap = 0;               ///< calls to run provisionally before the re-check (0: default)
+    double period = 0.0;       ///< the common call period the decision used (0: unknown)
+    int arrivals = 0;          ///< calls the program made of the key, up to the decision
+    std::chrono::steady_clock::time_point firstArrival, lastArrival;
     Algorithm settled = Algorithm::kAuto;
     std::vector<double> seconds;
     bool saved = false;  ///< seeded (seed())
@@ -189,6 +215,8 @@ class Tuner {
   };
   Entry& entryLocked(const Key& key, const std::shared_ptr<const MachineProfile>& profile);
   Step stepLocked(Entry& e);
+  void arriveLocked(Entry& e);
+  int exploreCallsLocked(const Entry& e) const;
 
   mutable std::mutex mu_;
   bool enabled_ = true;

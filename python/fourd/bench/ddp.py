@@ -264,9 +264,11 @@ def trainees(torch, dist, cfg: Config) -> list[Trainee]:
     return out
 
 
-# Tuning states in which auto runs one algorithm. "provisional" (a switch the exploration made,
-# re-checked after many times the exploration's calls, far beyond a benchmark's steps) is one.
-SETTLED = ("settled", "provisional", "single", "off")
+# Tuning states in which auto runs one algorithm for good. "provisional" (a switch the
+# exploration made) is not: its re-check comes about 10 s of steps later (a bucket's size is
+# called once per step) and runs a whole exploration inside one step, which must not fall on
+# a timed one.
+SETTLED = ("settled", "single", "off")
 
 
 def bucket_sizes(ddp) -> list[int]:

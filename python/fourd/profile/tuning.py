@@ -8,11 +8,13 @@ The file is the profile cache's path (store.cache_path) with ``-tuning.json`` fo
      "groups": {"<mask>:<size>:<nodes>x<ranks per node>": [CALL, ...]}}
 
 where a CALL is ``[collective, nbytes, dtype, algorithm]`` for a final choice, or
-``[collective, nbytes, dtype, algorithm, calls, [candidates], [seconds]]`` for a provisional
-switch (one not yet re-checked): the calls it has run since its exploration, the shortlist and
-the exploration's common figures. The next run runs it at once and re-checks it when its calls,
-counted over the runs, reach the re-check gap, so a run shorter than the gap still starts
-settled, and a switch is still confirmed once before it is final.
+``[collective, nbytes, dtype, algorithm, calls, [candidates], [seconds], gap]`` for a
+provisional switch (one not yet re-checked): the calls it has run since its exploration, the
+shortlist, the exploration's common figures and the calls it runs before its re-check (decided
+with the switch from the key's call period; a CALL of 7 items, without it, gets the default
+gap). The next run runs it at once and re-checks it when its calls, counted over the runs,
+reach the gap, so a run shorter than the gap still starts settled, and a switch is still
+confirmed once before it is final.
 
 - ``fourd.init()`` (policy.apply, after the profile is set): rank 0 reads the file and
   broadcasts it; every communicator of the grid, made then or later, is seeded with the
@@ -104,21 +106,23 @@ def read(path: str, profile_digest: str) -> dict:
 def _call(c) -> tuple | None:
     """One saved call as seed_tuning takes it, or None for an entry this version cannot read
     (the same file on every rank, so every rank skips it)."""
-    if not isinstance(c, list) or len(c) not in (4, 7):
+    if not isinstance(c, list) or len(c) not in (4, 7, 8):
         return None
     if not isinstance(c[1], int) or isinstance(c[1], bool) or c[1] <= 0:
         return None
     head = (str(c[0]), int(c[1]), str(c[2]), str(c[3]))
     if len(c) == 4:
         return head
-    calls, cands, seconds = c[4:]
-    if not isinstance(calls, int) or isinstance(calls, bool) or not 0 <= calls < 2**31:
-        return None
+    calls, cands, seconds = c[4:7]
+    gap = c[7] if len(c) == 8 else 0
+    for v in (calls, gap):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**31:
+            return None
     if not isinstance(cands, list) or not isinstance(seconds, list):
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seconds):
         return None
-    return (*head, calls, [str(a) for a in cands], [float(v) for v in seconds])
+    return (*head, calls, [str(a) for a in cands], [float(v) for v in seconds], gap)
 
 
 class SavedTuning:

@@ -2,7 +2,9 @@
 // rank steps through alike.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "fourd/cost_model.hpp"
@@ -157,7 +159,9 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
         EXPECT_TRUE(got.empty());
         continue;
       }
-      ASSERT_EQ(got.size(), 3u);     // the last timed call hands back every figure:
+      ASSERT_EQ(got.size(), 4u);     // the last timed call hands back every figure:
+      EXPECT_GE(got[3], 0.0);        // (then the call period, here back-to-back calls)
+      EXPECT_LT(got[3], 1.0);
       for (int k = 0; k < 3; ++k) {  // the better pass's median (the upper middle of 12)
         EXPECT_DOUBLE_EQ(got[k], std::min(pass1[k], pass2[k]) + 0.1 * (timed / 2));
       }
@@ -238,6 +242,59 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
   ASSERT_EQ(explore(u, flatFast), calls);
   EXPECT_EQ(u.report(big, prof).state, "settled");
   EXPECT_EQ(u.report(big, prof).settled, Algorithm::kFlat);
+}
+
+TEST(Tuner, ReCheckGapIsTheExplorationsCallsOrFewerThatSpanTheReCheckTime) {
+  const int calls = 20, most = Tuner::kRecheckGap * calls;
+  EXPECT_EQ(Tuner::recheckGap(calls, 0.0), most);    // period unknown
+  EXPECT_EQ(Tuner::recheckGap(calls, 1e-4), most);   // fast calls: the count bounds it
+  EXPECT_EQ(Tuner::recheckGap(calls, 2.0), 5);       // 10 s at 2 s a call
+  EXPECT_EQ(Tuner::recheckGap(calls, 3.0), 4);       // rounded up
+  EXPECT_EQ(Tuner::recheckGap(calls, 60.0), 1);      // at least one call
+  EXPECT_EQ(Tuner::recheckGap(calls, 1.0 / 0.0), most);
+}
+
+TEST(Tuner, ASwitchOfASlowlyCalledKeyIsReCheckedAfterTheReCheckTimeOfCalls) {
+  Tuner t;
+  t.setUpfront(true);
+  auto prof = std::make_shared<const MachineProfile>();
+  const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
+  // The program's first call, then its second 30 ms later: the exploration runs inside the
+  // second (its further runs are no arrivals), and the local call period goes last.
+  EXPECT_LT(t.next(big, prof, make).candidate, 0);  // seen once
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::vector<double> got;
+  for (auto step = t.next(big, prof, make); step.candidate >= 0;
+       step = t.next(big, prof, make, false)) {
+    if (step.timed) got = t.record(big, prof, step, step.candidate == 0 ? 2.4 : 1.5);
+    if (step.last) break;
+  }
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], 2.4);
+  EXPECT_EQ(got[1], 1.5);
+  EXPECT_GE(got[2], 0.03);  // one interval between the program's two calls
+  EXPECT_LT(got[2], 5.0);
+  // The group's common figures (the MAX): a call period of 2 s, so 5 calls span 10 s.
+  t.settle(big, prof, {2.4, 1.5, 2.0});
+  auto r = t.report(big, prof);
+  EXPECT_EQ(r.state, "provisional");
+  EXPECT_EQ(r.settled, Algorithm::kRing);
+  EXPECT_EQ(r.period, 2.0);
+  EXPECT_EQ(r.seconds, (std::vector<double>{2.4, 1.5}));  // the period is no candidate's
+  ASSERT_EQ(r.recheckGap, 5);
+  ASSERT_EQ(t.choices(prof).size(), 1u);
+  EXPECT_EQ(t.choices(prof)[0].gap, 5);  // saved with the switch
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kRing);
+  EXPECT_EQ(t.report(big, prof).state, "provisional");
+  EXPECT_EQ(t.next(big, prof, make).candidate, 0);  // the sixth call re-checks
+  EXPECT_EQ(t.report(big, prof).state, "rechecking");
+  // A seeded switch keeps the gap it was saved with.
+  Tuner u;
+  u.seedProvisional(big, prof, make(), Algorithm::kRing, {2.4, 1.5}, 2, 5);
+  EXPECT_EQ(u.report(big, prof).recheckGap, 5);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(u.next(big, prof, make).algorithm, Algorithm::kRing);
+  EXPECT_EQ(u.next(big, prof, make).candidate, 0);
 }
 
 TEST(Tuner, ASingleCandidateRunsAtOnceUntimed) {

@@ -11,6 +11,7 @@ flight on several axes, completion while the caller only polls, and issue order 
 """
 
 import itertools
+import math
 import time
 
 import numpy as np
@@ -434,6 +435,38 @@ def _agreed_by_my_group(g, axis, value):
     return all(everyone[r] == value for r in g.ranks(axis))
 
 
+def test_the_call_period_that_bounds_a_recheck_is_the_slowest_ranks(monkeypatch):
+    """The call period (time between the program's calls of a size) decides how many calls a
+    switch runs before its re-check, so every member must hold the same: the decision's
+    all-reduce makes it the group's MAX. Here rank 0 alone waits 0.2 s between its first and
+    second call (the second explores, in the default mode); the others call at once (they
+    wait inside the collective instead, which is no part of their period)."""
+    monkeypatch.setenv("FOURD_TUNE", "on")
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    axis = "world"
+    if g.size(axis) == 1:
+        return
+    count = 1021
+    saved = _tied_profile(g, [(axis, 4 * count, True, "int32")])
+    try:
+        for i in range(2):
+            if i == 1 and ME == 0:
+                time.sleep(0.2)
+            t = make(np.int32, values(ME, count))
+            fourd.all_reduce(t, axis, algorithm="auto")
+            check(t, oracle("sum", g.ranks(axis), count), "sum", np.int32, f"call {i}")
+        tu = g.explain("all_reduce", 4 * count, axis, "int32", True)["tuning"]
+        assert tu["state"] in ("settled", "provisional"), tu
+        assert 0.2 <= tu["call_period_s"] < 30, tu
+        assert _agreed_by_my_group(g, axis, (tu["call_period_s"], tu["recheck_gap"])), tu
+        if tu["state"] == "provisional":  # a switch: 10 s at 0.2 s or more a call
+            assert tu["recheck_gap"] == max(1, math.ceil(10.0 / tu["call_period_s"])), tu
+        else:
+            assert tu["recheck_gap"] == 4 * tu["explore_calls"], tu
+    finally:
+        g.set_profile(saved)
+
+
 @pytest.mark.parametrize(
     "count,warm,timed,mode",
     [(2**16 + 5, 2, 12, "on"), (1021, 16, 64, "on"), (1021, 16, 64, "inline")],
@@ -467,25 +500,33 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed, mode
         # Two passes; a candidate gets its untimed and timed calls in each.
         e = tu["explore_calls"]
         assert e == 2 * len(cands) * (warm + timed), tu
-        assert tu["recheck_gap"] == 4 * e, tu
+        # A switch runs 4 explorations' calls before its re-check, or fewer that span 10 s at
+        # the key's call period (the group's MAX of what each rank measured before deciding).
+        period = tu["call_period_s"]
+        assert period > 0, tu
+        switched = "provisional" in states
+        gap = min(4 * e, max(1, math.ceil(10.0 / period))) if switched else 4 * e
+        assert tu["recheck_gap"] == gap, (tu, states.count("provisional"))
         if mode == "on" and states[1] == "settled":  # the model's choice kept: final at once
             assert states == ["seen once", "settled"], (states, cands)
         elif mode == "on":  # a switch runs provisionally, then the exploration runs again in
             # one call before it is final (which may keep it, or return to the model's choice)
-            assert states == ["seen once"] + ["provisional"] * (4 * e) + ["settled"], (
+            assert states == ["seen once"] + ["provisional"] * gap + ["settled"], (
                 states,
                 cands,
             )
         elif states[e - 1] == "settled":
             assert states == ["exploring"] * (e - 1) + ["settled"], (states, cands)
         else:
-            assert states == ["exploring"] * (e - 1) + ["provisional"] * (4 * e + 1) + [
+            assert states == ["exploring"] * (e - 1) + ["provisional"] * (gap + 1) + [
                 "rechecking"
             ] * (e - 1) + ["settled"], (states, cands)
         assert len(tu["measured_s"]) == len(cands) and all(s > 0 for s in tu["measured_s"]), tu
         assert tu["settled"] in cands
         # The group's common times (a MAX all-reduce): every member settles alike.
-        assert _agreed_by_my_group(g, axis, (tu["settled"], tu["measured_s"])), tu
+        assert _agreed_by_my_group(
+            g, axis, (tu["settled"], tu["measured_s"], tu["call_period_s"], tu["recheck_gap"])
+        ), tu
         assert g.explain("all_reduce", nbytes, axis, "int32", True)["choice"] == tu["settled"]
         assert g.algorithm_for("all_reduce", nbytes, axis, "int32", True) == tu["settled"]
         # Selection is placement-free: the out-of-place call shares what the in-place one tuned.

@@ -198,6 +198,7 @@ def test_a_saved_switch_runs_at_once_and_is_rechecked_once_its_calls_reach_the_g
                 for i, e in enumerate(calls):
                     if e[:3] == ["all_reduce", 4 * c, "int32"]:
                         figures = [2.0, 1.0] + [3.0] * (len(cands) - 2)
+                        # 7 items: without a re-check gap of its own (the default)
                         calls[i] = e[:3] + [switch, gap - 2, cands, figures]
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(doc, f)
@@ -219,7 +220,7 @@ def test_a_saved_switch_runs_at_once_and_is_rechecked_once_its_calls_reach_the_g
         WORLD.Barrier()
         if ME == 0:  # one more call of the switch, counted on
             assert _saved_calls(tmp, c) == [
-                ["all_reduce", 4 * c, "int32", switch, gap - 1, cands, figures]
+                ["all_reduce", 4 * c, "int32", switch, gap - 1, cands, figures, gap]
             ]
         g = fourd.init(x=N, ranks_per_node=N)
         tu = run(g, "the switch's last call before its re-check")
