@@ -268,6 +268,12 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
     }
   }
   runStep(s, spec, step, ctx);
+  if (step.agree) {  // a switch's call period, made common (the same call on every rank)
+    double mine = step.period, common = 0.0;
+    s.host->backend().allReduce(Buffer(&mine, 1, DataType::kFloat64),
+                                Buffer(&common, 1, DataType::kFloat64), ReduceOp::kMax, ctx);
+    tuner.agreePeriod(key, spec.profile, common);
+  }
 }
 
 [[noreturn]] void abortJob(const std::string& msg) {

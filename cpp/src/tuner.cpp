@@ -46,7 +46,7 @@ int Tuner::recheckGap(int exploreCalls, double period) {
   const int most = kRecheckGap * exploreCalls;
   if (!(period > 0) || !std::isfinite(period)) return most;
   const double n = std::ceil(kRecheckAfter / period);
-  return n < most ? std::max(1, static_cast<int>(n)) : most;
+  return n < most ? std::max(kPeriodCalls + 1, static_cast<int>(n)) : most;
 }
 
 int Tuner::exploreCallsLocked(const Entry& e) const {
@@ -54,13 +54,27 @@ int Tuner::exploreCallsLocked(const Entry& e) const {
   return m <= 1 ? 0 : kPasses * m * (e.warm + e.timed);
 }
 
-void Tuner::arriveLocked(Entry& e) {
-  // Only the first exploration needs the period (the switch's re-check gap comes from it).
-  if (e.settled != Algorithm::kAuto || e.round != 0) return;
+void Tuner::arriveLocked(Entry& e, Step& s) {
+  // A switch whose gap is not agreed yet times the program's calls of it (after the deciding
+  // call, which an upfront exploration lengthens): kPeriodCalls intervals, then the agreement.
+  if (!e.provisional || e.gap > 0 || e.settled == Algorithm::kAuto) return;
   const auto now = std::chrono::steady_clock::now();
   if (e.arrivals == 0) e.firstArrival = now;
-  e.lastArrival = now;
-  ++e.arrivals;
+  if (++e.arrivals == kPeriodCalls + 1) {
+    s.agree = true;
+    s.period = std::chrono::duration<double>(now - e.firstArrival).count() / kPeriodCalls;
+  }
+}
+
+void Tuner::agreePeriod(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                        double period) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (profile_ != profile) return;
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.provisional || it->second.gap > 0) return;
+  Entry& e = it->second;
+  e.period = period;
+  e.gap = recheckGap(exploreCallsLocked(e), period);
 }
 
 size_t Tuner::decide(const std::vector<double>& seconds) {
@@ -157,10 +171,6 @@ std::vector<double> Tuner::record(const Key& key,
       best[c] = p == 0 ? w[k / 2] : std::min(best[c], w[k / 2]);
     }
   }
-  if (e.round == 0) {  // the key's call period, as this rank saw the program's calls
-    const double span = std::chrono::duration<double>(e.lastArrival - e.firstArrival).count();
-    best.push_back(e.arrivals >= 2 ? span / (e.arrivals - 1) : 0.0);
-  }
   return best;
 }
 
@@ -169,13 +179,10 @@ void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& 
   std::lock_guard<std::mutex> lock(mu_);
   if (profile_ != profile) return;
   auto it = entries_.find(key);
-  if (it == entries_.end()) return;
+  if (it == entries_.end() || seconds.size() != it->second.cands.size()) return;
   Entry& e = it->second;
-  const size_t m = e.cands.size();
-  if (seconds.size() != m && seconds.size() != m + 1) return;
   if (e.settled != Algorithm::kAuto) return;  // already settled (a repeated call)
-  std::vector<double> figures(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(m));
-  if (e.round == 0) e.period = seconds.size() > m ? seconds[m] : 0.0;
+  std::vector<double> figures = seconds;
   if (e.round == 1) {  // the re-check: each candidate's lower figure of the two explorations
     for (size_t i = 0; i < figures.size() && i < e.seconds.size(); ++i) {
       figures[i] = std::min(figures[i], e.seconds[i]);
@@ -186,7 +193,11 @@ void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& 
   e.settled = e.cands[pick];
   e.provisional = e.round == 0 && pick != 0;
   e.sinceSettle = 0;
-  e.gap = e.provisional ? recheckGap(exploreCallsLocked(e), e.period) : 0;
+  if (e.round == 0) {  // a switch agrees its period from here; a re-check keeps the figures
+    e.gap = 0;
+    e.period = 0.0;
+    e.arrivals = 0;
+  }
   e.samples.clear();
 }
 
@@ -226,8 +237,7 @@ std::vector<Tuner::Choice> Tuner::choices(
   for (const auto& [key, e] : entries_) {
     if (e.settled == Algorithm::kAuto) continue;  // exploring, or not yet
     if (e.provisional) {
-      const int gap = e.gap > 0 ? e.gap : kRecheckGap * exploreCallsLocked(e);
-      out.push_back({key, e.settled, true, e.sinceSettle, e.seconds, e.cands, gap});
+      out.push_back({key, e.settled, true, e.sinceSettle, e.seconds, e.cands, e.gap});
     } else if (e.cands.size() > 1 || e.saved) {  // a single candidate is no decision
       out.push_back({key, e.settled, false, 0, {}, {}});
     }

@@ -384,3 +384,19 @@ def test_a_busy_machines_measurement_serves_the_run_and_is_not_cached(tmp_path, 
         assert out["intra_bw"] == 3e9 and cached is not busy
         assert [("looks busy" in str(w.message)) for w in seen] == ([True] if busy else [])
         assert os.path.exists(path) is not busy and (path in policy._memo) is not busy
+
+
+def test_saved_tuning_entries_are_read_with_or_without_a_recheck_gap():
+    """A saved provisional switch carries its re-check gap as an 8th item (0: its call period
+    was not agreed yet); an entry of 7 items (without it) reads as gap 0; anything else this
+    version cannot read is skipped, the same on every rank."""
+    from fourd.profile import tuning
+
+    head = ["all_reduce", 4096, "int32", "ring"]
+    rest = [3, ["flat", "ring"], [2.0, 1.0]]
+    assert tuning._call(head) == tuple(head)
+    assert tuning._call(head + rest + [25]) == (*head, 3, ["flat", "ring"], [2.0, 1.0], 25)
+    assert tuning._call(head + rest) == (*head, 3, ["flat", "ring"], [2.0, 1.0], 0)
+    for bad in (-1, 2**31, 1.5, True, "25"):
+        assert tuning._call(head + rest + [bad]) is None, bad
+    assert tuning._call(head + rest + [25, 0]) is None

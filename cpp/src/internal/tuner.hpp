@@ -28,11 +28,13 @@
 //   explored again and each candidate's figure becomes the lower of its two (a passing
 //   slowdown only adds time); that decision is final. The switch runs kRecheckGap times the
 //   exploration's calls, or fewer where the key's calls come slowly: as many as span
-//   kRecheckAfter seconds at the key's call period (the time between its calls as the
-//   program makes them, measured before the decision and made common by the decision's
-//   all-reduce), at least one. A training loop that calls a size once per step would
-//   otherwise run hundreds of steps before the re-check; a second opinion kRecheckAfter
-//   seconds later is what the re-check is for, and it costs one exploration either way.
+//   kRecheckAfter seconds at the key's call period, at least kPeriodCalls + 1. The period is
+//   the time between the program's calls of the key while the switch runs, measured over its
+//   calls after the deciding one (kPeriodCalls intervals) and made common by one MAX
+//   all-reduce at the call that ends them (Step::agree; at the same call on every rank). A
+//   training loop that calls a size once per step would otherwise run hundreds of steps
+//   before the re-check; a second opinion kRecheckAfter seconds later is what the re-check is
+//   for, and it costs one exploration either way.
 // - Upfront (the default; FOURD_TUNE=inline explores on the calls themselves instead): the
 //   first call of a key runs the model's choice; the whole exploration runs inside its second
 //   call, before that call's own work, on buffers that give its result unchanged
@@ -84,7 +86,8 @@ class Tuner {
   static constexpr int kRecheckGap = 4;  ///< a switch runs this many explorations' calls,
                                          ///< then the shortlist is explored again ...
   static constexpr double kRecheckAfter = 10.0;  ///< ... or fewer, that span this many seconds
-                                                 ///< at the key's call period
+                                                 ///< at the key's call period,
+  static constexpr int kPeriodCalls = 4;  ///< measured over this many intervals between calls
 
   using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
 
@@ -106,6 +109,9 @@ class Tuner {
     bool barrier = false;  ///< the first timed call of a candidate: start from a barrier
     bool last = false;     ///< the last timed call of the exploration
     int candidate = -1;
+    bool agree = false;   ///< after the call: MAX-all-reduce `period` over the group, then
+                          ///< agreePeriod() (the same call on every rank)
+    double period = 0.0;  ///< this rank's call period of a switch, seconds
   };
 
   /// Whether tuning is on (FOURD_TUNE unset or on).
@@ -127,7 +133,7 @@ class Tuner {
             Algorithm algorithm);
   /// Makes `algorithm` a provisional switch of `key` under `profile` (one saved by an earlier
   /// run): it runs at once, and its re-check comes when its calls reach `gap` (the saved
-  /// run's re-check gap; 0: kRecheckGap explorations' calls), counting the `calls` it ran
+  /// run's re-check gap; 0: not agreed yet, this run measures it), counting the `calls` it ran
   /// before; `cands` is the shortlist and `seconds`
   /// the first exploration's common figures, one per candidate (the re-check takes each
   /// candidate's lower figure of the two). Replaces what the key held.
@@ -145,35 +151,40 @@ class Tuner {
     std::vector<double> seconds;   ///< provisional: the exploration's figures, per candidate
     std::vector<Algorithm> cands;  ///< provisional: the shortlist they belong to
     int gap = 0;                   ///< provisional: the calls it runs before its re-check
+                                   ///< (0: not agreed yet)
   };
   /// The keys under `profile` whose tuning has decided (final or provisional).
   std::vector<Choice> choices(const std::shared_ptr<const MachineProfile>& profile) const;
 
   /// The algorithm for the next call of `key` priced by `profile`. `candidates` computes the
   /// shortlist the first time the key is seen with this profile. `arrival`: a call the program
-  /// made (false for the further runs of an upfront exploration inside one call); its time
-  /// counts toward the key's call period.
+  /// made (false for the further runs of an upfront exploration inside one call); a switch
+  /// times its arrivals for its call period.
   template <class F>
   Step next(const Key& key, const std::shared_ptr<const MachineProfile>& profile, F&& candidates,
             bool arrival = true) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = entryLocked(key, profile);
     if (e.cands.empty()) e.cands = candidates();
-    if (arrival) arriveLocked(e);
-    return stepLocked(e);
+    Step s = stepLocked(e);
+    if (arrival) arriveLocked(e, s);
+    return s;
   }
-  /// Records a timed call's seconds. When this call was the key's last timed one, returns
-  /// every candidate's local figure (the better of its passes' medians), then, in the first
-  /// exploration, the key's call period as this rank measured it (0 where unknown); the caller
-  /// makes them common (MAX), then calls settle().
+  /// Records a timed call's seconds. Returns every candidate's local figure (the better of its
+  /// passes' medians) when this call was the key's last timed one (the caller makes them
+  /// common, then calls settle()).
   std::vector<double> record(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                              const Step& step, double seconds);
-  /// Fixes the key's algorithm from the group's common times (one per candidate, then the
-  /// call period where record() gave one).
+  /// Fixes the key's algorithm from the group's common times (one per candidate).
   void settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
               const std::vector<double>& seconds);
+  /// Fixes a switch's call period and re-check gap from the group's common (MAX) period, after
+  /// the call whose Step::agree was set.
+  void agreePeriod(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                   double period);
   /// The calls a switch runs before its re-check: kRecheckGap x `exploreCalls`, or as many as
-  /// span kRecheckAfter at `period` seconds per call where those are fewer (at least one).
+  /// span kRecheckAfter at `period` seconds per call where those are fewer (at least
+  /// kPeriodCalls + 1, the calls that measured the period).
   static int recheckGap(int exploreCalls, double period);
 
   /// What is known of `key`: "seen once" (upfront: the first call ran the model's choice, the
@@ -189,7 +200,7 @@ class Tuner {
     int exploreCalls = 0;  ///< how many calls one exploration takes in all
     int recheckGap = 0;    ///< calls a switch runs before the second exploration (decided
                            ///< with the switch; before it, kRecheckGap explorations' calls)
-    double period = 0.0;   ///< the key's call period the decision used, seconds (0: unknown)
+    double period = 0.0;   ///< a switch's common call period, seconds (0: not agreed yet)
     bool saved = false;    ///< seeded from a saved decision, not explored in this process
   };
   Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile) const;
@@ -204,10 +215,11 @@ class Tuner {
     int round = 0;             ///< 0: the first exploration, 1: the re-check of a switch
     bool provisional = false;  ///< settled is a switch not yet re-checked
     int sinceSettle = 0;       ///< calls run provisionally
-    int gap = 0;               ///< calls to run provisionally before the re-check (0: default)
-    double period = 0.0;       ///< the common call period the decision used (0: unknown)
-    int arrivals = 0;          ///< calls the program made of the key, up to the decision
-    std::chrono::steady_clock::time_point firstArrival, lastArrival;
+    int gap = 0;               ///< calls to run provisionally before the re-check (0: not
+                               ///< agreed yet; kRecheckGap explorations' calls bound it)
+    double period = 0.0;       ///< the switch's common call period (0: not agreed yet)
+    int arrivals = 0;          ///< the switch's calls timed for the period so far
+    std::chrono::steady_clock::time_point firstArrival;
     Algorithm settled = Algorithm::kAuto;
     std::vector<double> seconds;
     bool saved = false;  ///< seeded (seed())
@@ -215,7 +227,7 @@ class Tuner {
   };
   Entry& entryLocked(const Key& key, const std::shared_ptr<const MachineProfile>& profile);
   Step stepLocked(Entry& e);
-  void arriveLocked(Entry& e);
+  void arriveLocked(Entry& e, Step& s);
   int exploreCallsLocked(const Entry& e) const;
 
   mutable std::mutex mu_;

@@ -279,18 +279,23 @@ def bucket_sizes(ddp) -> list[int]:
     return [int(v) for v in str(text).replace(",", " ").split()]
 
 
-def tuning_states(dist, ddp) -> dict[int, str]:
-    """fourd's tuning state of the in-place float32 all_reduce of each bucket size on DDP's
-    group (fourd.explain); {} when the group is not fourd's."""
+def tuning_of(dist, ddp) -> dict[int, dict]:
+    """What fourd's tuning knows of the in-place float32 all_reduce of each bucket size on
+    DDP's group (fourd.explain(...)["tuning"]); {} when the group is not fourd's."""
     import fourd
 
     axis = getattr(getattr(dist.group, "WORLD", None), "fourd_axis", None)
     if axis is None:
         return {}
     return {
-        n: fourd.explain("all_reduce", n, axis, in_place=True)["tuning"]["state"]
+        n: fourd.explain("all_reduce", n, axis, in_place=True)["tuning"]
         for n in sorted(set(bucket_sizes(ddp)))
     }
+
+
+def tuning_states(dist, ddp) -> dict[int, str]:
+    """The tuning state of each bucket size (tuning_of)."""
+    return {n: t["state"] for n, t in tuning_of(dist, ddp).items()}
 
 
 def settle(torch, dist, world, cfg: Config, by: dict) -> dict:
@@ -315,6 +320,8 @@ def settle(torch, dist, world, cfg: Config, by: dict) -> dict:
         "steps": steps,
         "settled": all(s in SETTLED for s in states.values()),
         "states": {str(n): s for n, s in states.items()},
+        # candidates, measured_s, call_period_s, recheck_gap, ... of each bucket size
+        "tuning": {str(n): t for n, t in tuning_of(dist, by["fourd"].model).items()},
     }
 
 

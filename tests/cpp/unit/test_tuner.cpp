@@ -159,9 +159,7 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
         EXPECT_TRUE(got.empty());
         continue;
       }
-      ASSERT_EQ(got.size(), 4u);     // the last timed call hands back every figure:
-      EXPECT_GE(got[3], 0.0);        // (then the call period, here back-to-back calls)
-      EXPECT_LT(got[3], 1.0);
+      ASSERT_EQ(got.size(), 3u);     // the last timed call hands back every figure:
       for (int k = 0; k < 3; ++k) {  // the better pass's median (the upper middle of 12)
         EXPECT_DOUBLE_EQ(got[k], std::min(pass1[k], pass2[k]) + 0.1 * (timed / 2));
       }
@@ -245,12 +243,12 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
 }
 
 TEST(Tuner, ReCheckGapIsTheExplorationsCallsOrFewerThatSpanTheReCheckTime) {
-  const int calls = 20, most = Tuner::kRecheckGap * calls;
-  EXPECT_EQ(Tuner::recheckGap(calls, 0.0), most);    // period unknown
-  EXPECT_EQ(Tuner::recheckGap(calls, 1e-4), most);   // fast calls: the count bounds it
-  EXPECT_EQ(Tuner::recheckGap(calls, 2.0), 5);       // 10 s at 2 s a call
-  EXPECT_EQ(Tuner::recheckGap(calls, 3.0), 4);       // rounded up
-  EXPECT_EQ(Tuner::recheckGap(calls, 60.0), 1);      // at least one call
+  const int calls = 20, most = Tuner::kRecheckGap * calls, least = Tuner::kPeriodCalls + 1;
+  EXPECT_EQ(Tuner::recheckGap(calls, 0.0), most);   // period unknown
+  EXPECT_EQ(Tuner::recheckGap(calls, 1e-4), most);  // fast calls: the count bounds it
+  EXPECT_EQ(Tuner::recheckGap(calls, 0.5), 20);     // 10 s at 0.5 s a call
+  EXPECT_EQ(Tuner::recheckGap(calls, 0.3), 34);     // rounded up
+  EXPECT_EQ(Tuner::recheckGap(calls, 60.0), least);  // the calls that measured the period
   EXPECT_EQ(Tuner::recheckGap(calls, 1.0 / 0.0), most);
 }
 
@@ -260,41 +258,66 @@ TEST(Tuner, ASwitchOfASlowlyCalledKeyIsReCheckedAfterTheReCheckTimeOfCalls) {
   auto prof = std::make_shared<const MachineProfile>();
   const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
   auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
-  // The program's first call, then its second 30 ms later: the exploration runs inside the
-  // second (its further runs are no arrivals), and the local call period goes last.
+  const int most = Tuner::kRecheckGap * 2 * 2 * (2 + 3);
+  // The program's first call, then its second: the exploration runs inside it (its further
+  // runs are no arrivals) and switches to ring.
   EXPECT_LT(t.next(big, prof, make).candidate, 0);  // seen once
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  std::vector<double> got;
   for (auto step = t.next(big, prof, make); step.candidate >= 0;
        step = t.next(big, prof, make, false)) {
-    if (step.timed) got = t.record(big, prof, step, step.candidate == 0 ? 2.4 : 1.5);
-    if (step.last) break;
+    if (!step.timed) continue;
+    const auto got = t.record(big, prof, step, step.candidate == 0 ? 2.4 : 1.5);
+    if (step.last) t.settle(big, prof, got);
   }
-  ASSERT_EQ(got.size(), 3u);
-  EXPECT_EQ(got[0], 2.4);
-  EXPECT_EQ(got[1], 1.5);
-  EXPECT_GE(got[2], 0.03);  // one interval between the program's two calls
-  EXPECT_LT(got[2], 5.0);
-  // The group's common figures (the MAX): a call period of 2 s, so 5 calls span 10 s.
-  t.settle(big, prof, {2.4, 1.5, 2.0});
   auto r = t.report(big, prof);
+  ASSERT_EQ(r.state, "provisional");
+  EXPECT_EQ(r.recheckGap, most);  // not agreed yet: the count bounds it
+  EXPECT_EQ(r.period, 0.0);
+  // The program's next calls come 20 ms apart: kPeriodCalls intervals, then the agreement.
+  Tuner::Step step;
+  for (int i = 0; i <= Tuner::kPeriodCalls; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    step = t.next(big, prof, make);
+    EXPECT_EQ(step.algorithm, Algorithm::kRing);
+    EXPECT_EQ(step.agree, i == Tuner::kPeriodCalls) << i;
+  }
+  EXPECT_GE(step.period, 0.02);
+  EXPECT_LT(step.period, 5.0);
+  // The group's common figure (the MAX): 2 s a call, so 5 calls span 10 s; 6 have run (the
+  // deciding call and the 5 timed ones), so the next call re-checks.
+  t.agreePeriod(big, prof, 2.0);
+  r = t.report(big, prof);
   EXPECT_EQ(r.state, "provisional");
-  EXPECT_EQ(r.settled, Algorithm::kRing);
   EXPECT_EQ(r.period, 2.0);
-  EXPECT_EQ(r.seconds, (std::vector<double>{2.4, 1.5}));  // the period is no candidate's
-  ASSERT_EQ(r.recheckGap, 5);
+  EXPECT_EQ(r.recheckGap, 5);
+  EXPECT_EQ(r.seconds, (std::vector<double>{2.4, 1.5}));
   ASSERT_EQ(t.choices(prof).size(), 1u);
   EXPECT_EQ(t.choices(prof)[0].gap, 5);  // saved with the switch
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(t.next(big, prof, make).algorithm, Algorithm::kRing);
-  EXPECT_EQ(t.report(big, prof).state, "provisional");
-  EXPECT_EQ(t.next(big, prof, make).candidate, 0);  // the sixth call re-checks
+  t.agreePeriod(big, prof, 0.001);       // agreed once: a second agreement changes nothing
+  EXPECT_EQ(t.report(big, prof).recheckGap, 5);
+  EXPECT_EQ(t.next(big, prof, make).candidate, 0);  // the re-check, all inside this call
   EXPECT_EQ(t.report(big, prof).state, "rechecking");
-  // A seeded switch keeps the gap it was saved with.
+  // With 0.5 s a call: 20 calls before the re-check.
   Tuner u;
-  u.seedProvisional(big, prof, make(), Algorithm::kRing, {2.4, 1.5}, 2, 5);
-  EXPECT_EQ(u.report(big, prof).recheckGap, 5);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(u.next(big, prof, make).algorithm, Algorithm::kRing);
+  u.seedProvisional(big, prof, make(), Algorithm::kRing, {2.4, 1.5}, 0);
+  EXPECT_EQ(u.report(big, prof).recheckGap, most);
+  for (int i = 0; i <= Tuner::kPeriodCalls; ++i) step = u.next(big, prof, make);
+  ASSERT_TRUE(step.agree);
+  u.agreePeriod(big, prof, 0.5);
+  EXPECT_EQ(u.report(big, prof).recheckGap, 20);
+  for (int i = Tuner::kPeriodCalls + 1; i < 20; ++i) {
+    EXPECT_EQ(u.next(big, prof, make).algorithm, Algorithm::kRing);
+  }
   EXPECT_EQ(u.next(big, prof, make).candidate, 0);
+  // A seeded switch keeps the gap it was saved with, and agrees nothing.
+  Tuner v;
+  v.seedProvisional(big, prof, make(), Algorithm::kRing, {2.4, 1.5}, 2, 7);
+  EXPECT_EQ(v.report(big, prof).recheckGap, 7);
+  for (int i = 2; i < 7; ++i) {
+    step = v.next(big, prof, make);
+    EXPECT_EQ(step.algorithm, Algorithm::kRing);
+    EXPECT_FALSE(step.agree);
+  }
+  EXPECT_EQ(v.next(big, prof, make).candidate, 0);
 }
 
 TEST(Tuner, ASingleCandidateRunsAtOnceUntimed) {

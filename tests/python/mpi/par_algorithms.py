@@ -435,34 +435,59 @@ def _agreed_by_my_group(g, axis, value):
     return all(everyone[r] == value for r in g.ranks(axis))
 
 
-def test_the_call_period_that_bounds_a_recheck_is_the_slowest_ranks(monkeypatch):
-    """The call period (time between the program's calls of a size) decides how many calls a
-    switch runs before its re-check, so every member must hold the same: the decision's
-    all-reduce makes it the group's MAX. Here rank 0 alone waits 0.2 s between its first and
-    second call (the second explores, in the default mode); the others call at once (they
-    wait inside the collective instead, which is no part of their period)."""
+def test_a_switchs_recheck_comes_after_10_s_of_calls_at_the_slowest_ranks_call_period(
+    monkeypatch,
+):
+    """A switch (here seeded, so that it does not depend on the machine's timings) times the
+    program's calls of its size: after 4 intervals, one MAX all-reduce makes the period common,
+    and the re-check comes once the switch has run the calls that span 10 s at that period.
+    Rank 0 alone waits 0.25 s before each call; the others call at once (they wait inside the
+    collective, so rank 0's pace is theirs too), and every member counts the same calls:
+    ceil(10 s / the period), at most 40."""
     monkeypatch.setenv("FOURD_TUNE", "on")
     g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
     axis = "world"
     if g.size(axis) == 1:
         return
-    count = 1021
-    saved = _tied_profile(g, [(axis, 4 * count, True, "int32")])
+    count = 1021  # below 256 KiB: every supported algorithm is a candidate
+    nbytes = 4 * count
+    saved = _tied_profile(g, [(axis, nbytes, True, "int32")])
     try:
-        for i in range(2):
-            if i == 1 and ME == 0:
-                time.sleep(0.2)
+        want = oracle("sum", g.ranks(axis), count)
+
+        def call(what):
             t = make(np.int32, values(ME, count))
             fourd.all_reduce(t, axis, algorithm="auto")
-            check(t, oracle("sum", g.ranks(axis), count), "sum", np.int32, f"call {i}")
-        tu = g.explain("all_reduce", 4 * count, axis, "int32", True)["tuning"]
-        assert tu["state"] in ("settled", "provisional"), tu
-        assert 0.2 <= tu["call_period_s"] < 30, tu
-        assert _agreed_by_my_group(g, axis, (tu["call_period_s"], tu["recheck_gap"])), tu
-        if tu["state"] == "provisional":  # a switch: 10 s at 0.2 s or more a call
-            assert tu["recheck_gap"] == max(1, math.ceil(10.0 / tu["call_period_s"])), tu
-        else:
-            assert tu["recheck_gap"] == 4 * tu["explore_calls"], tu
+            check(t, want, "sum", np.int32, what)
+            return g.explain("all_reduce", nbytes, axis, "int32", True)["tuning"]
+
+        for i in range(2):  # seen once, then explored and decided
+            tu = call(f"call {i}")
+        cands = tu["candidates"]
+        assert len(cands) >= 2, tu
+        comm = g._comm_for(axis)
+        figures = [2.0, 1.0] + [3.0] * (len(cands) - 2)
+        assert comm.seed_tuning([("all_reduce", nbytes, "int32", cands[1], 0, cands, figures)]) == 1
+        tu = call("the seeded switch's first call")
+        e = tu["explore_calls"]
+        assert tu["state"] == "provisional" and tu["recheck_gap"] == 4 * e, tu
+        assert tu["call_period_s"] == 0, tu  # one call: no interval yet
+        for i in range(4):  # four intervals, the last call agrees on them
+            if ME == 0:
+                time.sleep(0.25)
+            tu = call(f"the switch's call {i + 2}")
+        p = tu["call_period_s"]
+        assert 0.25 <= p < 30, tu
+        gap = min(4 * e, max(5, math.ceil(10.0 / p)))
+        assert gap <= 40 and tu["recheck_gap"] == gap, tu
+        assert _agreed_by_my_group(g, axis, (p, gap)), tu
+        states = []
+        for i in range(5, gap):  # the rest of the gap: still the switch
+            states.append(call(f"the switch's call {i + 1}")["state"])
+        assert states == ["provisional"] * (gap - 5), states
+        tu = call("the call that re-checks it")
+        assert tu["state"] == "settled" and tu["settled"] in cands, tu
+        assert _agreed_by_my_group(g, axis, (tu["settled"], tu["measured_s"])), tu
     finally:
         g.set_profile(saved)
 
@@ -501,11 +526,12 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed, mode
         e = tu["explore_calls"]
         assert e == 2 * len(cands) * (warm + timed), tu
         # A switch runs 4 explorations' calls before its re-check, or fewer that span 10 s at
-        # the key's call period (the group's MAX of what each rank measured before deciding).
+        # its call period (the group's MAX of what each rank measured over the switch's calls
+        # after the deciding one: 4 intervals).
         period = tu["call_period_s"]
-        assert period > 0, tu
         switched = "provisional" in states
-        gap = min(4 * e, max(1, math.ceil(10.0 / period))) if switched else 4 * e
+        assert period > 0 if switched else period == 0, (tu, states)
+        gap = min(4 * e, max(5, math.ceil(10.0 / period))) if switched else 4 * e
         assert tu["recheck_gap"] == gap, (tu, states.count("provisional"))
         if mode == "on" and states[1] == "settled":  # the model's choice kept: final at once
             assert states == ["seen once", "settled"], (states, cands)
