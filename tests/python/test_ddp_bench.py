@@ -74,9 +74,10 @@ def test_the_timed_steps_wait_for_fourds_tuning(tmp_path, tune):
     """Untimed steps of both DDP models until fourd's tuning of each bucket size runs one
     algorithm: with tuning off that is as soon as DDP has rebuilt its buckets (2 steps); by
     default too, since a size's second call runs its whole exploration, where it keeps the
-    model's choice (a switch runs provisionally until its re-check, some 10 s of steps later,
-    beyond 3 steps, and the run says it has not settled); tuned inline, a bucket of a few KiB explores over hundreds of calls,
-    one a step, so 3 steps leave it exploring, and the run says so. Either way both models
+    model's choice (a switch runs provisionally until its re-check, at least 5 calls later,
+    beyond 3 steps, and the run says it has not settled); tuned inline, a bucket of a few KiB
+    explores over hundreds of calls, one a step, so 3 steps leave it exploring, and the run
+    says so. Either way both models
     took the same steps and agree."""
     jp = tmp_path / "ddp.json"
     argv = ["bench/ddp_step.py", "--layers", "2", "--width", "32", "--batch", "4"]
