@@ -83,8 +83,8 @@ class Tuner {
   static constexpr int kSmallWarm = 16;             ///< ... get this many untimed calls,
   static constexpr int kSmallTimed = 64;            ///< ... this many timed ones, and every
                                                     ///< supported algorithm on the shortlist
-  static constexpr int kRecheckGap = 4;  ///< a switch runs this many explorations' calls,
-                                         ///< then the shortlist is explored again ...
+  static constexpr int kRecheckGap = 4;          ///< a switch runs this many explorations' calls,
+                                                 ///< then the shortlist is explored again ...
   static constexpr double kRecheckAfter = 10.0;  ///< ... or fewer, that span this many seconds
                                                  ///< at the key's call period,
   static constexpr int kPeriodCalls = 4;  ///< measured over this many intervals between calls

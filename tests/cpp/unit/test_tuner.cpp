@@ -244,10 +244,10 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
 
 TEST(Tuner, ReCheckGapIsTheExplorationsCallsOrFewerThatSpanTheReCheckTime) {
   const int calls = 20, most = Tuner::kRecheckGap * calls, least = Tuner::kPeriodCalls + 1;
-  EXPECT_EQ(Tuner::recheckGap(calls, 0.0), most);   // period unknown
-  EXPECT_EQ(Tuner::recheckGap(calls, 1e-4), most);  // fast calls: the count bounds it
-  EXPECT_EQ(Tuner::recheckGap(calls, 0.5), 20);     // 10 s at 0.5 s a call
-  EXPECT_EQ(Tuner::recheckGap(calls, 0.3), 34);     // rounded up
+  EXPECT_EQ(Tuner::recheckGap(calls, 0.0), most);    // period unknown
+  EXPECT_EQ(Tuner::recheckGap(calls, 1e-4), most);   // fast calls: the count bounds it
+  EXPECT_EQ(Tuner::recheckGap(calls, 0.5), 20);      // 10 s at 0.5 s a call
+  EXPECT_EQ(Tuner::recheckGap(calls, 0.3), 34);      // rounded up
   EXPECT_EQ(Tuner::recheckGap(calls, 60.0), least);  // the calls that measured the period
   EXPECT_EQ(Tuner::recheckGap(calls, 1.0 / 0.0), most);
 }
