@@ -1,0 +1,1 @@
+bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --rate 4gbit --python .venv/bin/python -- python -m mpi4py -m fourd.bench --collective all_reduce --axis world --algorithm hierarchical,flat --baseline torch -b 16M -e 32M -n 60 -w 5 -R 1 --no-progress --json bench/results/cluster_2x2_all_reduce_16M_iters.json
