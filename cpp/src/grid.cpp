@@ -203,12 +203,52 @@ void agreeOnConfig(const GridConfig& config, int worldRank, int worldSize, detai
   throw MismatchError(os.str());
 }
 
-// How waits poll: more ranks on this machine than cores for them means yield at once.
-void setPolling(int ranksHere) {
+// The ranks that share this rank's cores, and how many cores they have: the world ranks that
+// run on the same kernel (the same boot_id; network namespaces and containers on one host
+// share it, so an emulated cluster's "nodes" on one machine count together), and the union of
+// their CPU affinity sets. Falls back to the MPI shared-memory domain (`nodeSize`) and this
+// rank's own affinity where the kernel's identity cannot be read.
+using CoreShare = Grid::CoreShare;
+
+CoreShare measureCoreShare(int nodeSize, int worldSize, detail::Backend& world, OpContext& ctx) {
+  constexpr size_t kIdBytes = 40;
+  struct Entry {
+    char id[kIdBytes];
+    unsigned char cpus[sizeof(cpu_set_t)];
+  };
+  Entry mine{};
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+  std::memcpy(mine.cpus, &set, sizeof(set));
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    if (!std::fgets(mine.id, kIdBytes, f)) mine.id[0] = '\0';
+    std::fclose(f);
+  }
+  std::vector<Entry> all(static_cast<size_t>(worldSize));
+  world.allGatherBytes(&mine, sizeof(Entry), all.data(), ctx);
+  CoreShare out{nodeSize, cores};
+  if (mine.id[0] == '\0') return out;
+  cpu_set_t uni;
+  CPU_ZERO(&uni);
+  int ranks = 0;
+  for (const Entry& e : all) {
+    if (std::strncmp(e.id, mine.id, kIdBytes) != 0) continue;
+    ++ranks;
+    cpu_set_t theirs;
+    std::memcpy(&theirs, e.cpus, sizeof(theirs));
+    CPU_OR(&uni, &uni, &theirs);
+  }
+  out.ranks = std::max(ranks, nodeSize);
+  if (CPU_COUNT(&uni) > 0) out.cores = CPU_COUNT(&uni);
+  return out;
+}
+
+// How waits poll: more ranks on this machine's cores than cores means yield at once.
+void setPolling(CoreShare& share) {
+  const long cores = share.cores;
+  const int ranksHere = share.ranks;
   const char* poll = std::getenv("FOURD_POLL");
   const std::string mode = poll ? poll : "auto";
   if (mode == "spin") {
@@ -220,6 +260,7 @@ void setPolling(int ranksHere) {
   } else {
     throw InvalidArgument("FOURD_POLL: expected spin, yield or auto, found '" + mode + "'");
   }
+  share.oversubscribed = detail::oversubscribed();
 }
 
 // The node of every world rank: the leader (lowest world rank) of its shared-memory domain.
@@ -278,7 +319,8 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
       MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, worldRank_, MPI_INFO_NULL, &nodeHandle),
       "MPI_Comm_split_type");
   auto node = detail::makeMpiBackend(nodeHandle, true, {});
-  setPolling(node->size());
+  coreShare_ = measureCoreShare(node->size(), worldSize, *world, ctx);
+  setPolling(coreShare_);
   topology_ = std::make_unique<Topology>(
       config_.ranksPerNode > 0 ? Topology::fromRanksPerNode(worldSize, config_.ranksPerNode)
                                : Topology(nodeOfRanks(worldRank_, worldSize, *node, *world, ctx)));

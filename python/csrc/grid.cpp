@@ -648,6 +648,18 @@ void bindGrid(py::module_& m) {
                              })
       .def_property_readonly("order", [](const Grid& g) { return g.processGrid().orderName(); })
       .def_property_readonly("host_names", &Grid::hostNames)
+      .def_property_readonly(
+          "core_share",
+          [](const Grid& g) {
+            const auto& c = g.coreShare();
+            py::dict d;
+            d["ranks"] = c.ranks;
+            d["cores"] = c.cores;
+            d["oversubscribed"] = c.oversubscribed;
+            return d;
+          },
+          "How this rank's waits poll: the world ranks sharing its cores (those on the same "
+          "kernel), the cores they may run on together, and whether waits yield at once.")
       .def_property_readonly("num_nodes", [](const Grid& g) { return g.topology().numNodes(); })
       .def_property_readonly("virtual_topology", &Grid::virtualTopology)
       .def_property_readonly("finalized", &Grid::finalized)

@@ -383,6 +383,15 @@ class Grid:
         return self._rank
 
     @property
+    def core_share(self) -> dict:
+        """How this rank's waits poll (FOURD_POLL, docs/errors.md): ``ranks``, the world ranks
+        that share its cores (those on the same kernel: containers and network namespaces on
+        one machine count together, at least the MPI shared-memory domain), ``cores``, the
+        CPUs they may run on together, and ``oversubscribed``, whether waits yield at once and
+        progress threads nap (more such ranks than cores, or FOURD_POLL=yield)."""
+        return dict(self._native.core_share)
+
+    @property
     def shape(self) -> dict:
         return dict(zip(AXES, self._native.sizes))
 

@@ -159,3 +159,37 @@ def test_two_node_cluster_selfcheck() -> None:
     # Torn down completely.
     assert "teardown: " + prefix + " removed" in out, out
     assert _leftovers(prefix) == [], out
+
+
+def test_ranks_of_emulated_nodes_on_one_machine_share_its_cores(monkeypatch) -> None:
+    """The emulated nodes are network namespaces of one kernel: their ranks share the
+    machine's cores, so fourd must count them together when it decides how waits poll. Counted
+    per MPI shared-memory domain (2 ranks per "node" on this 2-core machine) the progress
+    threads of all 4 ranks spun and yielded against the training step's compute, and some DDP
+    steps took 2-4 s (bench/README.md, the cluster's DDP step)."""
+    reason = _cluster_unavailable()
+    if reason is not None:
+        print(f"skipping the emulated cluster test: {reason}")
+        pytest.skip(reason)
+    script = (
+        "import sys, fourd\n"
+        "g = fourd.init()\n"
+        "c, n = g.core_share, g.topology('world')['num_nodes']\n"
+        'sys.stdout.write(f\'rank {g.world_rank} share {c["ranks"]} {c["cores"]} \'\n'
+        "                 f'{int(c[\"oversubscribed\"])} nodes {n}\\n')\n"
+        "sys.stdout.flush()\n"
+        "fourd.finalize()\n"
+    )
+    harness = ["--nodes", "2", "--ranks-per-node", "2", "--rate", "8gbit", "--timeout", "60"]
+    job = [sys.executable, "-m", "mpi4py", "-c", script]
+    cmd = ["bash", str(HARNESS), *harness, "--python", sys.executable, "--", *job]
+    monkeypatch.setenv("FOURD_CALIBRATE", "0")  # the harness passes FOURD_* to the ranks
+    r = _run(cmd, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stdout
+    rows = re.findall(r"rank (\d) share (\d+) (\d+) ([01]) nodes (\d+)", r.stdout)
+    assert sorted(int(x[0]) for x in rows) == [0, 1, 2, 3], r.stdout
+    cores = len(os.sched_getaffinity(0))
+    for _, ranks, their_cores, over, nodes in rows:
+        assert int(nodes) == 2, r.stdout  # two nodes to MPI and fourd's topology ...
+        assert int(ranks) == 4 and int(their_cores) == cores, r.stdout  # ... one machine's cores
+        assert int(over) == int(4 > cores), r.stdout

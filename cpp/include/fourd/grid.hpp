@@ -52,6 +52,15 @@ class Grid {
   /// Host name of every world rank (MPI_Get_processor_name).
   const std::vector<std::string>& hostNames() const noexcept { return hosts_; }
   bool virtualTopology() const noexcept { return config_.ranksPerNode > 0; }
+  /// How this rank's waits poll (FOURD_POLL; docs/errors.md): the world ranks that share its
+  /// cores (those on the same kernel, at least its shared-memory domain), the cores they may
+  /// run on together, and whether waits yield at once (more of those ranks than cores).
+  struct CoreShare {
+    int ranks = 1;
+    long cores = 0;
+    bool oversubscribed = false;
+  };
+  const CoreShare& coreShare() const noexcept { return coreShare_; }
 
   /// The communicator of my group along `mask` (1..15). Throws InvalidArgument for mask 0.
   Communicator& communicator(AxisMask mask);
@@ -87,6 +96,7 @@ class Grid {
   int worldRank_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL;  // our own duplicate of the parent
   std::vector<std::string> hosts_;
+  CoreShare coreShare_;
   std::array<std::unique_ptr<Communicator>, 16> comms_;
   std::map<std::vector<int>, std::unique_ptr<Communicator>> groups_;
   std::map<std::vector<int>, AxisMask> axisGroups_;  ///< agreed lists that are an axis's ranks
