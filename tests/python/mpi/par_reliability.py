@@ -248,3 +248,20 @@ def test_an_object_naming_its_fourd_axis_is_an_axis():
         assert (a == N * (N + 1) // 2).all()
         assert g.size(holder) == N and sorted(g.ranks(holder)) == list(range(N))
     fourd.finalize()
+
+
+def test_core_share_counts_the_ranks_on_this_kernel_against_their_cores(monkeypatch):
+    """How waits poll: every rank here runs on one kernel, so all N count together, against
+    the union of their CPU sets; FOURD_POLL forces the outcome either way."""
+    import os
+
+    monkeypatch.delenv("FOURD_POLL", raising=False)
+    g = fourd.init(ranks_per_node=1)  # virtual nodes do not change who shares the cores
+    cores = set().union(*MPI.COMM_WORLD.allgather(sorted(os.sched_getaffinity(0))))
+    c = g.core_share
+    assert c == {"ranks": N, "cores": len(cores), "oversubscribed": N > len(cores)}, c
+    for mode, over in (("yield", True), ("spin", False)):
+        monkeypatch.setenv("FOURD_POLL", mode)
+        g = fourd.init()
+        assert g.core_share == {"ranks": N, "cores": len(cores), "oversubscribed": over}
+    fourd.finalize()
