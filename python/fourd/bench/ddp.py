@@ -264,11 +264,12 @@ def trainees(torch, dist, cfg: Config) -> list[Trainee]:
     return out
 
 
-# Tuning states in which auto runs one algorithm for good. "provisional" (a switch the
-# exploration made) is not: its re-check comes about 10 s of steps later (a bucket's size is
-# called once per step) and runs a whole exploration inside one step, which must not fall on
-# a timed one.
-SETTLED = ("settled", "single", "off")
+# Tuning states in which auto runs one algorithm for good. "compressed": a codec is in use
+# (FOURD_COMPRESSION or init's policy), and such calls run the codec's algorithm, untuned.
+# "provisional" (a switch the exploration made) is not: its re-check comes about 10 s of steps
+# later (a bucket's size is called once per step) and runs a whole exploration inside one
+# step, which must not fall on a timed one.
+SETTLED = ("settled", "single", "off", "compressed")
 
 
 def bucket_sizes(ddp) -> list[int]:
@@ -287,10 +288,15 @@ def tuning_of(dist, ddp) -> dict[int, dict]:
     axis = getattr(getattr(dist.group, "WORLD", None), "fourd_axis", None)
     if axis is None:
         return {}
-    return {
-        n: fourd.explain("all_reduce", n, axis, in_place=True)["tuning"]
-        for n in sorted(set(bucket_sizes(ddp)))
-    }
+    out = {}
+    for n in sorted(set(bucket_sizes(ddp))):
+        e = fourd.explain("all_reduce", n, axis, in_place=True)
+        t = dict(e["tuning"])
+        codec = (e.get("compression") or {}).get("codec") or "none"
+        if codec != "none":  # a codec in use (FOURD_COMPRESSION, init's policy): not tuned
+            t["state"], t["codec"] = "compressed", codec
+        out[n] = t
+    return out
 
 
 def tuning_states(dist, ddp) -> dict[int, str]:

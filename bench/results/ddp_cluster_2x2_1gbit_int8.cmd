@@ -1,0 +1,1 @@
+FOURD_COMPRESSION=int8 bench/cluster/run_cluster.sh --nodes 2 --ranks-per-node 2 --rate 1gbit --python .venv/bin/python -- python -m mpi4py bench/ddp_step.py --rtol 0.05 --atol 1e-3 --json bench/results/ddp_cluster_2x2_1gbit_int8.json
