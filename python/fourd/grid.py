@@ -191,6 +191,16 @@ def _codec_arg(value) -> str:
     return value or "none"
 
 
+def _with_codec(tuning: dict, compression: dict) -> dict:
+    """A call's tuning record, as state "compressed" where a named codec applies to it: such a
+    call runs the codec's algorithm (selector.cpp, compressedAlgorithm) and is never tuned.
+    "auto" decides per size at the first call; where it leaves a size raw, tuning applies."""
+    codec = (compression or {}).get("codec") or "none"
+    if codec in ("none", "auto") or tuning.get("state") == "off":
+        return tuning
+    return dict(tuning, state="compressed", codec=codec)
+
+
 def compression_policy(value) -> str:
     """The policy text of fourd.init(compression=...): None (no policy), a codec for every
     axis, a preset ("mzhybrid", "zhybrid"), policy text ("data=zfp:rate=8;x,y,z=lossless"), or
@@ -802,6 +812,10 @@ class Grid:
         e = comm.explain(collective, n, dtype, ip, device)
         for r in e["candidates"]:
             r["candidate"] = bool(r["supported"]) and math.isfinite(r["predicted_s"])
+        codec = comm.compression(
+            collective, n, dtype, device, "" if compression is None else _codec_arg(compression)
+        )
+        tuning = _with_codec(comm.tuning(collective, n, dtype, ip), codec)
         return Explanation(
             {
                 "collective": collective,
@@ -816,14 +830,8 @@ class Grid:
                 "source": e["source"],
                 "forced_by_env": e["source"] == "FOURD_ALGORITHM",
                 "set_by_plan": e["source"] == "plan",
-                "tuning": comm.tuning(collective, n, dtype, ip),
-                "compression": comm.compression(
-                    collective,
-                    n,
-                    dtype,
-                    device,
-                    "" if compression is None else _codec_arg(compression),
-                ),
+                "tuning": tuning,
+                "compression": codec,
             }
         )
 
@@ -837,10 +845,11 @@ class Grid:
     ) -> dict:
         """What tuning in use knows of this call (``explain(...)["tuning"]``, without pricing
         the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap,
-        call_period_s, saved."""
-        return self._comm_for(axis).tuning(
-            collective, _nbytes(nbytes), dtype, _flag(in_place, "in_place")
-        )
+        call_period_s, saved; state "compressed" (with its `codec`) where the grid's policy
+        puts a codec on the call, which then runs the codec's algorithm untuned."""
+        comm, n = self._comm_for(axis), _nbytes(nbytes)
+        t = comm.tuning(collective, n, dtype, _flag(in_place, "in_place"))
+        return _with_codec(t, comm.compression(collective, n, dtype, "cpu", ""))
 
     def algorithm_for(
         self,

@@ -288,15 +288,10 @@ def tuning_of(dist, ddp) -> dict[int, dict]:
     axis = getattr(getattr(dist.group, "WORLD", None), "fourd_axis", None)
     if axis is None:
         return {}
-    out = {}
-    for n in sorted(set(bucket_sizes(ddp))):
-        e = fourd.explain("all_reduce", n, axis, in_place=True)
-        t = dict(e["tuning"])
-        codec = (e.get("compression") or {}).get("codec") or "none"
-        if codec != "none":  # a codec in use (FOURD_COMPRESSION, init's policy): not tuned
-            t["state"], t["codec"] = "compressed", codec
-        out[n] = t
-    return out
+    return {
+        n: fourd.explain("all_reduce", n, axis, in_place=True)["tuning"]
+        for n in sorted(set(bucket_sizes(ddp)))
+    }
 
 
 def tuning_states(dist, ddp) -> dict[int, str]:

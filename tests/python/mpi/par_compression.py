@@ -191,12 +191,18 @@ def test_policy_compresses_only_what_it_names():
     g = fourd.init(1, 1, 1, N, ranks_per_node=1, compression={"data": "int8"})
     e = fourd.explain("all_reduce", 1 << 20, "data", grid=g)
     assert e["compression"]["codec"] == "int8:block=256", e["compression"]
+    # a call with a named codec runs the codec's algorithm: tuning says so, and never runs
+    assert e["tuning"]["state"] == "compressed", e["tuning"]
+    assert e["tuning"]["codec"] == "int8:block=256", e["tuning"]
+    raw = fourd.explain("all_reduce", 1 << 20, "data", grid=g, compression="none")["tuning"]
+    assert raw["state"] == "not yet run", raw
     x = randoms(ME, 10007, np.float32)
     inputs = [randoms(r, 10007, np.float32) for r in range(N)]
     y = x.copy()
     fourd.all_reduce(y, "data", grid=g)
     want = np.stack([a.astype(np.float64) for a in inputs]).sum(0)
     assert float(np.abs(y - want).max()) > 1e-4  # the codec ran: int8's error is visible
+    assert g.tuning("all_reduce", 4 * 10007, "data")["state"] == "compressed"
     z = x.copy()
     fourd.all_reduce(z, "data", grid=g, compression="none")  # the argument wins
     assert float(np.abs(z - want).max()) < 1e-4
@@ -211,6 +217,7 @@ def test_policy_compresses_only_what_it_names():
     if g.topology("data")["num_nodes"] == 1:
         e = fourd.explain("all_reduce", 1 << 20, "data", grid=g)
         assert e["compression"]["codec"] is None and "one node" in e["compression"]["note"]
+        assert e["tuning"]["state"] != "compressed", e["tuning"]
         y = x.copy()
         fourd.all_reduce(y, "data", grid=g)
         assert float(np.abs(y - want).max()) < 1e-4
