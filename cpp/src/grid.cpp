@@ -245,8 +245,9 @@ CoreShare measureCoreShare(int nodeSize, int worldSize, detail::Backend& world, 
   return out;
 }
 
-// How waits poll: more ranks on this machine's cores than cores means yield at once.
-void setPolling(CoreShare& share) {
+// How waits poll: more ranks on this machine's cores than cores means yield at once. Returns
+// whether they do.
+bool setPolling(const CoreShare& share) {
   const long cores = share.cores;
   const int ranksHere = share.ranks;
   const char* poll = std::getenv("FOURD_POLL");
@@ -260,7 +261,7 @@ void setPolling(CoreShare& share) {
   } else {
     throw InvalidArgument("FOURD_POLL: expected spin, yield or auto, found '" + mode + "'");
   }
-  share.oversubscribed = detail::oversubscribed();
+  return detail::oversubscribed();
 }
 
 // The node of every world rank: the leader (lowest world rank) of its shared-memory domain.
@@ -320,7 +321,7 @@ Grid::Grid(MPI_Comm parent, const GridConfig& config)
       "MPI_Comm_split_type");
   auto node = detail::makeMpiBackend(nodeHandle, true, {});
   coreShare_ = measureCoreShare(node->size(), worldSize, *world, ctx);
-  setPolling(coreShare_);
+  coreShare_.oversubscribed = setPolling(coreShare_);
   topology_ = std::make_unique<Topology>(
       config_.ranksPerNode > 0 ? Topology::fromRanksPerNode(worldSize, config_.ranksPerNode)
                                : Topology(nodeOfRanks(worldRank_, worldSize, *node, *world, ctx)));

@@ -197,6 +197,15 @@ void runAlgorithm(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
 
 namespace {
 
+// The group's MAX of each rank's figures: how tuning's measurements become the same on every
+// member (called at the same call of a key on every rank).
+std::vector<double> groupMax(Backend& b, std::vector<double> mine, OpContext& ctx) {
+  std::vector<double> common(mine.size());
+  b.allReduce(Buffer(mine.data(), mine.size(), DataType::kFloat64),
+              Buffer(common.data(), common.size(), DataType::kFloat64), ReduceOp::kMax, ctx);
+  return common;
+}
+
 // One call's part in its key's tuning (tuner.hpp): `spec` run with the step's algorithm; the
 // time of a timed call goes back to the tuning, and after the last timed call of the key every
 // rank's medians are made common (one MAX all-reduce on this group, at the same call on every
@@ -215,10 +224,7 @@ void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContex
   const Tuner::Key key = spec.call.key();
   std::vector<double> mine = tuner.record(key, spec.profile, step, dt);
   if (mine.empty()) return;
-  std::vector<double> common(mine.size());
-  b.allReduce(Buffer(mine.data(), mine.size(), DataType::kFloat64),
-              Buffer(common.data(), common.size(), DataType::kFloat64), ReduceOp::kMax, ctx);
-  tuner.settle(key, spec.profile, common);
+  tuner.settle(key, spec.profile, groupMax(b, std::move(mine), ctx));
 }
 
 struct FreeDeleter {
@@ -269,10 +275,7 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
   }
   runStep(s, spec, step, ctx);
   if (step.agree) {  // a switch's call period, made common (the same call on every rank)
-    double mine = step.period, common = 0.0;
-    s.host->backend().allReduce(Buffer(&mine, 1, DataType::kFloat64),
-                                Buffer(&common, 1, DataType::kFloat64), ReduceOp::kMax, ctx);
-    tuner.agreePeriod(key, spec.profile, common);
+    tuner.agreePeriod(key, spec.profile, groupMax(s.host->backend(), {step.period}, ctx)[0]);
   }
 }
 
