@@ -243,7 +243,13 @@ def test_bus_factors_and_bounds():
     assert bounds.bound("all_gather", 10**9, 1, 2, 1e9, None)["t_min_s"] == pytest.approx(0.5)
     assert bounds.bound("all_reduce", 10**9, 2, 1, 1e9, None) is None  # only an unknown link
     assert bounds.bound("broadcast", 10**9, 2, 1, None, 2e9)["t_min_s"] == pytest.approx(0.5)
-    assert bounds.memcpy_bandwidth(1 << 20, 2) > 1e6
+    assert bounds.memcpy_bandwidth(1 << 20, 0.01) > 1e6
+    assert (
+        bounds.COPY_MIN_BYTES
+        <= bounds.copy_bytes(1 << 20)
+        <= bounds.copy_bytes(1)
+        <= bounds.COPY_BYTES
+    )
 
 
 # ---- JSON schema, CSV, plot --------------------------------------------------------------------

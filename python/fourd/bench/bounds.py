@@ -10,7 +10,8 @@ The bound of a row is the time below which no algorithm can go on this machine, 
 measured or given bandwidths (bandwidth terms only; latency is not part of it):
 
   * Bi, the memory-copy bandwidth of one rank while every rank copies at once (measured at start
-    with numpy), for traffic inside a node;
+    with numpy: arrays far larger than the caches, copied back to back for a quarter second),
+    for traffic inside a node;
   * Be, the link rate of one node (--link-rate or FOURD_CLUSTER_RATE_BPS), for traffic between
     nodes.
 
@@ -30,6 +31,7 @@ latencies of a small message, measured at start between rank 0 and a rank of its
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -75,18 +77,42 @@ def bound(
     return {"t_min_s": max(terms), "t_sum_s": sum(terms), "t_net_s": t_net, "t_intra_s": t_intra}
 
 
-def memcpy_bandwidth(nbytes: int = 16 << 20, reps: int = 5) -> float:
-    """Copy bandwidth of this process in bytes/s (bytes copied per second, best of `reps` numpy
-    copies of `nbytes`). Call it on every rank at once to include the contention of a node."""
+COPY_BYTES = 256 << 20  # each of the two arrays of the Bi measurement ...
+COPY_MIN_BYTES = 64 << 20  # ... never below this, where memory is short
+COPY_SECONDS = 0.25  # copies back to back for this long, every rank at once
+
+
+def copy_bytes(ranks_on_host: int) -> int:
+    """The array size of the Bi measurement: COPY_BYTES, less where the host's ranks would take
+    over a quarter of its available memory with their two arrays each (never below
+    COPY_MIN_BYTES). Far larger than a last-level cache, so what is timed is DRAM."""
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return COPY_BYTES
+    fit = avail // 4 // (2 * max(1, ranks_on_host))
+    return max(COPY_MIN_BYTES, min(COPY_BYTES, fit >> 20 << 20))
+
+
+def memcpy_bandwidth(nbytes: int = COPY_BYTES, seconds: float = COPY_SECONDS, comm=None) -> float:
+    """Sustained copy bandwidth of this process in bytes/s: numpy copies of `nbytes` back to
+    back for `seconds` (at least two), bytes copied / time. With `comm` every rank of it starts
+    after a barrier, so each rank's figure is what it gets while all of them copy: the memory
+    bandwidth they share, and the cores when ranks outnumber them (a single short copy, as a
+    best-of-a-few would time, mostly runs alone on a core and from the caches)."""
     src = np.ones(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # touch the pages
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
+    if comm is not None:
+        comm.Barrier()
+    t0 = time.perf_counter()
+    copies = 0
+    while True:
         np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return src.nbytes / best
+        copies += 1
+        elapsed = time.perf_counter() - t0
+        if copies >= 2 and elapsed >= seconds:
+            return copies * src.nbytes / elapsed
 
 
 def pingpong_latency(comm, a: int, b: int, reps: int = 50, warmup: int = 10) -> float | None:

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import fourd
 
-from . import report
+from . import bounds, report
 from .progress import duration
 from .report import fmt_size, plural
 from .runner import MAX_ITERS, MIN_ITERS
@@ -75,8 +75,9 @@ def print_header(s, runner) -> None:
         else "Be = unknown (no --link-rate, no FOURD_CLUSTER_RATE_BPS)"
     )
     pr.line(
-        f"# bound: Bi = {s.intra_bps / 1e9:.2f} GB/s per rank (numpy copy of 16 MiB on every "
-        f"rank at once; median, range {min(s.bw_all) / 1e9:.2f}-{max(s.bw_all) / 1e9:.2f}); "
+        f"# bound: Bi = {s.intra_bps / 1e9:.2f} GB/s per rank (numpy copies of "
+        f"{s.copy_bytes >> 20} MiB for {bounds.COPY_SECONDS:g} s on every rank at once; median, "
+        f"range {min(s.bw_all) / 1e9:.2f}-{max(s.bw_all) / 1e9:.2f}); "
         f"{be_text}; c = 2 for all_reduce, 1 otherwise; eff = bound / time"
     )
     btxt = [_baseline_text(b) for b in s.baselines]
@@ -239,8 +240,11 @@ def document(s, runner, summary: dict, duration: float, ok: bool, state: str = "
             "intra_Bps": s.intra_bps,
             "intra_per_rank_Bps": s.bw_all,
             "intra_method": (
-                "numpy copy of 16 MiB, best of 5, every rank at once; median over ranks"
+                f"numpy copies of {s.copy_bytes >> 20} MiB back to back for "
+                f"{bounds.COPY_SECONDS:g} s, every rank at once after a barrier; bytes copied / "
+                "time; median over ranks"
             ),
+            "intra_copy_bytes": s.copy_bytes,
             "link_Bps": s.link_bps,
             "link_source": cfg.link_rate_source,
             "latency_s": s.latency_s,

@@ -42,6 +42,7 @@ class Session:
     torch_errs: list = field(default_factory=list)  # why torch is not importable, per rank
     intra_bps: float = 0.0  # Bi: the median over ranks of bw_all
     bw_all: list = field(default_factory=list)  # every rank's copy bandwidth
+    copy_bytes: int = 0  # the array size of that measurement
     link_bps: float | None = None  # Be
     latency_s: float | None = None  # one-way latency of an 8-byte message (the plot's floor)
     latency_pair: tuple = ()  # the two world ranks it was measured between
@@ -138,8 +139,12 @@ def _import_torch(s: Session) -> None:
 def _measure_bandwidths(s: Session) -> None:
     """Bi, every rank copying at once; Be from the command line; the latency of a small
     message between rank 0 and its nearest rank (the plot's latency floor)."""
-    s.world.Barrier()
-    bw_local = bounds.memcpy_bandwidth()
+    me = s.world.Get_rank()
+    on_host = sum(1 for h in s.hosts if h == s.hosts[me])
+    # One array size on every rank (the smallest any host allows), so all copy for as long.
+    nbytes = min(s.world.allgather(bounds.copy_bytes(on_host)))
+    s.copy_bytes = nbytes
+    bw_local = bounds.memcpy_bandwidth(nbytes, comm=s.world)
     s.bw_all = s.world.allgather(bw_local)
     s.intra_bps = statistics.median(s.bw_all)
     s.link_bps = s.cfg.link_rate
