@@ -187,12 +187,15 @@ void runAlgorithm(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
     return runWidened(g, spec, a, ctx);
   }
   Buffer in = spec.in, out = spec.out;
-  // Algorithms take non-overlapping buffers: an in-place reduce_scatter reduces into scratch,
-  // then copies the block over this rank's part of the input (which is no longer read).
-  if (spec.inPlace) out.data = g.scratch(4, out.bytes());
+  // An in-place reduce_scatter whose algorithm cannot take its own block of the input as the
+  // output (AlgorithmImpl::reduceScatterInPlace; a codec's ring never does) reduces into
+  // scratch, then copies the block over this rank's part of the input (no longer read then).
+  const bool viaScratch =
+      spec.inPlace && !(spec.codec.none() && algorithmImpl(a)->reduceScatterInPlace);
+  if (viaScratch) out.data = g.scratch(4, out.bytes());
   runImpl(g, spec.coll, a, in, out, spec.op, spec.codec, ctx);
   if (spec.hasOp && spec.op == ReduceOp::kAvg) g.backend().scale(out, 1.0 / g.size());
-  if (spec.inPlace) g.backend().copy(spec.out.data, out.data, out.bytes());
+  if (viaScratch) g.backend().copy(spec.out.data, out.data, out.bytes());
 }
 
 namespace {

@@ -439,9 +439,21 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
   L.run(si, sr, ctx);
 }
 
+// In place (the output is my block of the input): chunk c of every rank's block is staged into
+// T before the rail level writes chunk c of my output, and later chunks read other elements, so
+// the two-level path takes the alias as it is; a level algorithm run alone that cannot
+// (reduceScatterInPlace) reduces into scratch and the result is copied over.
 void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {
-  if (auto* one = oneLevel(g, Collective::kReduceScatter, in.bytes(), in.dtype, ctx))
-    return one->reduceScatter(g, in, out, op, ctx);
+  if (auto* one = oneLevel(g, Collective::kReduceScatter, in.bytes(), in.dtype, ctx)) {
+    const bool aliased =
+        out.count > 0 && out.data == in.slice(out.count * g.rank(), out.count).data;
+    if (!aliased || one->reduceScatterInPlace) return one->reduceScatter(g, in, out, op, ctx);
+    Buffer tmp = out;
+    tmp.data = g.scratch(4, out.bytes());
+    one->reduceScatter(g, in, tmp, op, ctx);
+    g.backend().copy(out.data, tmp.data, out.bytes());
+    return;
+  }
   Levels L(g, ctx);
   const DataType t = in.dtype;
   const size_t es = dataTypeSize(t);
@@ -500,6 +512,7 @@ void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, O
 }  // namespace
 
 extern const AlgorithmImpl kHierarchicalAlgorithm = {
-    Algorithm::kHierarchical, "hierarchical", supports, allReduce, allGather, reduceScatter};
+    Algorithm::kHierarchical,     "hierarchical", supports, allReduce, allGather, reduceScatter,
+    /*reduceScatterInPlace=*/true};
 
 }  // namespace fourd::detail

@@ -701,7 +701,14 @@ void markShmRunning(ShmWindow* w, bool running) {
   if (w) w->clean = !running;
 }
 
-extern const AlgorithmImpl kShmAlgorithm = {Algorithm::kShm, "shm",     supports,
-                                            allReduce,       allGather, reduceScatter};
+// In place, reduce_scatter's output is my block of the input: peers read only their own blocks
+// of it, and my reduction takes my block as its first source (reduceMany allows that alias).
+extern const AlgorithmImpl kShmAlgorithm = {Algorithm::kShm,
+                                            "shm",
+                                            supports,
+                                            allReduce,
+                                            allGather,
+                                            reduceScatter,
+                                            /*reduceScatterInPlace=*/true};
 
 }  // namespace fourd::detail

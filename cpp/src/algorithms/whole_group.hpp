@@ -6,6 +6,9 @@
 //   all_gather      my input copied into its block of the output (unless it is already there),
 //                   then the family's all-gather in place over uniform blocks.
 //   reduce_scatter  uniform blocks of the output's count, scratch from slot 0, one schedule.
+//                   Both families read my own block of the input only in the reduction that
+//                   writes my output (the same call all_reduce makes in place), so an in-place
+//                   call passes its output, my block of the input, straight through.
 #pragma once
 
 #include <cstring>
@@ -81,7 +84,8 @@ constexpr AlgorithmImpl wholeGroupAlgorithm(Algorithm id, const char* name) {
           WholeGroup<L>::supports,
           WholeGroup<L>::allReduce,
           WholeGroup<L>::allGather,
-          WholeGroup<L>::reduceScatter};
+          WholeGroup<L>::reduceScatter,
+          /*reduceScatterInPlace=*/true};
 }
 
 }  // namespace fourd::detail

@@ -88,6 +88,10 @@ struct AlgorithmImpl {
   void (*allReduce)(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
   void (*allGather)(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx);
   void (*reduceScatter)(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
+  /// Whether reduceScatter accepts an output that is this rank's own block of its input (an
+  /// in-place call): true where the block is read only by the rank's own reduction into it,
+  /// before or as it is written. Otherwise the call reduces into scratch and copies the result.
+  bool reduceScatterInPlace = false;
 };
 
 /// The implementation of `a` (never kAuto); nullptr when it is not built in.

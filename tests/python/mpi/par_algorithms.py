@@ -158,7 +158,8 @@ def run_one(g, algo, coll, axis, dt, op, count, inplace, what):
         check(out, want, "sum", dt, what)
     else:
         inp = make(dt, values(ME, count * p))
-        out = zeros(dt, count)
+        # In place: the output is this rank's block of the input (nccl-tests' convention).
+        out = inp[gr * count : (gr + 1) * count] if inplace and count else zeros(dt, count)
         fourd.reduce_scatter(out, inp, axis, op, algorithm=algo)
         check(out, oracle(op, ranks, count * p)[gr * count : (gr + 1) * count], op, dt, what)
 
@@ -244,6 +245,25 @@ def test_large_counts_every_algorithm():
                 )
         fourd.finalize()
     assert not todo, todo
+
+
+def test_reduce_scatter_in_place_every_algorithm():
+    """In place, the output is this rank's block of the input; ring, rhd, shm and hierarchical
+    take it as it is, flat through scratch. Counts up to several pipeline chunks of
+    hierarchical's two-level path (2 MiB each), on two virtual nodes and on the real one."""
+    for rpn in (max(1, N // 2), None):
+        g = fourd.init(ranks_per_node=rpn)
+        p, gr = g.size("world"), g.rank("world")
+        for algo in ALGOS:
+            if not support(g, "reduce_scatter", "world")[algo][0]:
+                continue
+            for count in (1, 7, BIG):
+                inp = make(np.int32, values(ME, count * p))
+                mine = inp[gr * count : (gr + 1) * count]
+                fourd.reduce_scatter(mine, inp, "world", "sum", algorithm=algo)
+                want = oracle("sum", g.ranks("world"), count * p)[gr * count : (gr + 1) * count]
+                check(mine, want, "sum", np.int32, f"{algo} rpn={rpn} count={count} in place")
+        fourd.finalize()
 
 
 def test_accumulate_fp32_every_algorithm():
