@@ -236,24 +236,7 @@ def document(s, runner, summary: dict, duration: float, ok: bool, state: str = "
         "placement": s.placement,
         "topology": s.topo_doc,
         "timing": _timing_doc(cfg, runner),
-        "bandwidth": {
-            "intra_Bps": s.intra_bps,
-            "intra_per_rank_Bps": s.bw_all,
-            "intra_method": (
-                f"numpy copies of {s.copy_bytes >> 20} MiB back to back for "
-                f"{bounds.COPY_SECONDS:g} s, every rank at once after a barrier; bytes copied / "
-                "time; median over ranks"
-            ),
-            "intra_copy_bytes": s.copy_bytes,
-            "link_Bps": s.link_bps,
-            "link_source": cfg.link_rate_source,
-            "latency_s": s.latency_s,
-            "latency_method": f"half the fastest of 50 round trips of 8 bytes between world "
-            f"ranks {s.latency_pair[0]} and {s.latency_pair[-1]} (MPI Send/Recv); the plot's "
-            "latency floor is ceil(log2 p) of it",
-            "formula": "T_min = max(c(N-1)/N S/Be, c(k-1)/k S/Bi); c = 2 all_reduce, 1 "
-            "all_gather/reduce_scatter; broadcast S/Be, S/Bi",
-        },
+        "bandwidth": _bandwidth_doc(s, cfg),
         "baselines": s.base_doc,
         "rows": runner.rows,
         "skipped": runner.skipped,
@@ -266,6 +249,28 @@ def document(s, runner, summary: dict, duration: float, ok: bool, state: str = "
             "cells_planned": runner.cells,
             "estimate_s": runner.estimate_s,
         },
+    }
+
+
+def _bandwidth_doc(s, cfg) -> dict:
+    """The bound's measured and given bandwidths, and how each was found."""
+    return {
+        "intra_Bps": s.intra_bps,
+        "intra_per_rank_Bps": s.bw_all,
+        "intra_method": (
+            f"numpy copies of {s.copy_bytes >> 20} MiB back to back for "
+            f"{bounds.COPY_SECONDS:g} s, every rank at once after a barrier; bytes copied / "
+            "time; median over ranks"
+        ),
+        "intra_copy_bytes": s.copy_bytes,
+        "link_Bps": s.link_bps,
+        "link_source": cfg.link_rate_source,
+        "latency_s": s.latency_s,
+        "latency_method": f"half the fastest of 50 round trips of 8 bytes between world "
+        f"ranks {s.latency_pair[0]} and {s.latency_pair[-1]} (MPI Send/Recv); the plot's "
+        "latency floor is ceil(log2 p) of it",
+        "formula": "T_min = max(c(N-1)/N S/Be, c(k-1)/k S/Bi); c = 2 all_reduce, 1 "
+        "all_gather/reduce_scatter; broadcast S/Be, S/Bi",
     }
 
 
