@@ -135,9 +135,10 @@ class Backend {
   virtual void abort() noexcept {}
 
   // ---- blocking forms: post, then wait with ctx's deadline ----
-  void allReduce(const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
-  void allGather(const Buffer& in, const Buffer& out, OpContext& ctx);
-  void reduceScatter(const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
+  // (virtual: the MPI backend runs small ones through persistent requests, mpi_backend.cpp)
+  virtual void allReduce(const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
+  virtual void allGather(const Buffer& in, const Buffer& out, OpContext& ctx);
+  virtual void reduceScatter(const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx);
   void broadcast(const Buffer& buf, int root, OpContext& ctx);
   void barrier(OpContext& ctx);
   /// Gathers `bytes` from every member into out (size() * bytes), in rank order.

@@ -266,6 +266,24 @@ def test_reduce_scatter_in_place_every_algorithm():
         fourd.finalize()
 
 
+def test_flat_small_calls_through_persistent_requests():
+    """flat's calls of at most 8 KiB run through the MPI library's persistent requests, one per
+    (collective, count, dtype, op), at most 32 per communicator (mpi_backend.cpp): 40 counts
+    twice over, so slots are made, reused and evicted (the same one on every rank, or the
+    calls would mismatch), each checked exactly, in place and out of place, against a dtype
+    and an op that changes with the count."""
+    g = fourd.init(ranks_per_node=max(1, N // 2))
+    for rnd in range(2):
+        for i, count in enumerate(range(1, 81, 2)):
+            dt = [np.int32, np.float32, torch.bfloat16][(i + rnd) % 3]
+            op = ["sum", "max"][i % 2]
+            what = f"flat count={count} dtype={dt} op={op} round {rnd}"
+            run_one(g, "flat", "all_reduce", "world", dt, op, count, i % 2 == 0, what)
+            run_one(g, "flat", "all_gather", "world", dt, "sum", count, i % 2 == 1, what)
+            run_one(g, "flat", "reduce_scatter", "world", dt, op, count, i % 2 == 0, what)
+    fourd.finalize()
+
+
 def test_accumulate_fp32_every_algorithm():
     g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=max(1, N // 2))
     for algo in ALGOS:
