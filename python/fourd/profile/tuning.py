@@ -42,7 +42,11 @@ import warnings
 from ..errors import InvalidArgumentError
 from .store import write_json
 
-VERSION = 1
+# The file's format and the code whose speed its choices reflect: raised when a change to the
+# algorithms can change what tuning should settle on, so that choices saved by earlier code are
+# not carried over (a file of another version counts as empty and is overwritten). 2: flat's
+# small calls through persistent MPI requests, in-place reduce_scatter without a copy.
+VERSION = 2
 
 _OFF = ("0", "off", "false", "no")
 _ON = ("", "1", "on", "true", "yes")
