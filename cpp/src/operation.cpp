@@ -186,16 +186,15 @@ void runAlgorithm(Group& g, const OpSpec& spec, Algorithm a, OpContext& ctx) {
   if (spec.opts.accumulateFp32 && spec.hasOp && half && g.backend().hostMemory()) {
     return runWidened(g, spec, a, ctx);
   }
-  Buffer in = spec.in, out = spec.out;
   // An in-place reduce_scatter whose algorithm cannot take its own block of the input as the
-  // output (AlgorithmImpl::reduceScatterInPlace; a codec's ring never does) reduces into
-  // scratch, then copies the block over this rank's part of the input (no longer read then).
+  // output (a codec's ring never does) reduces into scratch, then the block is copied over this
+  // rank's part of the input (no longer read then).
   const bool viaScratch =
       spec.inPlace && !(spec.codec.none() && algorithmImpl(a)->reduceScatterInPlace);
-  if (viaScratch) out.data = g.scratch(4, out.bytes());
-  runImpl(g, spec.coll, a, in, out, spec.op, spec.codec, ctx);
-  if (spec.hasOp && spec.op == ReduceOp::kAvg) g.backend().scale(out, 1.0 / g.size());
-  if (viaScratch) g.backend().copy(spec.out.data, out.data, out.bytes());
+  intoOrThroughScratch(g, spec.out, viaScratch, [&](const Buffer& out) {
+    runImpl(g, spec.coll, a, spec.in, out, spec.op, spec.codec, ctx);
+    if (spec.hasOp && spec.op == ReduceOp::kAvg) g.backend().scale(out, 1.0 / g.size());
+  });
 }
 
 namespace {

@@ -998,9 +998,8 @@ def _all_reduce_now(plan, tensor, output, timeout, acc32) -> bool:
 def _all_reduce_tensor_now(plan, tensor, timeout) -> bool:
     """In place on a contiguous CPU torch tensor that does not require grad, with a plan
     already made: one native call, without resolve()'s general checks (about 0.9 us of a 3.5 us
-    call of 8 bytes on 2 ranks). False: the general path, which also words the errors."""
-    if plan is None:
-        return False
+    call of 8 bytes on 2 ranks). False: the general path, which also words the errors. Called
+    by _all_reduce_now with a plan."""
     torch = _tensor._torch
     if torch is None or type(tensor) is not torch.Tensor:
         return False

@@ -447,12 +447,8 @@ void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, O
   if (auto* one = oneLevel(g, Collective::kReduceScatter, in.bytes(), in.dtype, ctx)) {
     const bool aliased =
         out.count > 0 && out.data == in.slice(out.count * g.rank(), out.count).data;
-    if (!aliased || one->reduceScatterInPlace) return one->reduceScatter(g, in, out, op, ctx);
-    Buffer tmp = out;
-    tmp.data = g.scratch(4, out.bytes());
-    one->reduceScatter(g, in, tmp, op, ctx);
-    g.backend().copy(out.data, tmp.data, out.bytes());
-    return;
+    return intoOrThroughScratch(g, out, aliased && !one->reduceScatterInPlace,
+                                [&](const Buffer& o) { one->reduceScatter(g, in, o, op, ctx); });
   }
   Levels L(g, ctx);
   const DataType t = in.dtype;

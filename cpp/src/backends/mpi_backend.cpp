@@ -369,11 +369,15 @@ class PersistentCalls {
   ~PersistentCalls() { clear(); }
 
   static bool enabled() {
+#if defined(MPI_VERSION) && MPI_VERSION >= 4
     static const bool on = [] {
       const char* e = std::getenv("FOURD_MPI_PERSISTENT");
       return !(e && std::string(e) == "0");
     }();
     return on;
+#else
+    return false;  // persistent collectives came with MPI-4
+#endif
   }
 
   /// Frees every request (inactive: each call completed) while MPI still runs.
@@ -392,7 +396,6 @@ class PersistentCalls {
   /// persistent request.
   bool run(MPI_Comm comm, int rank, int blocks, Kind kind, const Buffer& in, const Buffer& out,
            size_t count, MPI_Datatype type, MPI_Op op, OpContext& ctx) {
-#if defined(MPI_VERSION) && MPI_VERSION >= 4
     const size_t es = dataTypeSize(out.dtype);
     const size_t block = count * es;
     const size_t whole = block * static_cast<size_t>(blocks);
@@ -431,19 +434,6 @@ class PersistentCalls {
         break;
     }
     return true;
-#else
-    (void)comm;
-    (void)rank;
-    (void)blocks;
-    (void)kind;
-    (void)in;
-    (void)out;
-    (void)count;
-    (void)type;
-    (void)op;
-    (void)ctx;
-    return false;
-#endif
   }
 
  private:
@@ -457,7 +447,6 @@ class PersistentCalls {
     uint64_t used = 0;
   };
 
-#if defined(MPI_VERSION) && MPI_VERSION >= 4
   // The slot of the call, made (collectively) at its first call; the least recently used one
   // freed first when all are taken.
   Slot& slot(MPI_Comm comm, Kind kind, size_t count, MPI_Datatype type, MPI_Op op, size_t whole,
@@ -477,6 +466,7 @@ class PersistentCalls {
     }
     Slot x{kind, count, type, op, nullptr, MPI_REQUEST_NULL, clock_};
     const int n = static_cast<int>(count);
+#if defined(MPI_VERSION) && MPI_VERSION >= 4
     switch (kind) {
       case Kind::kAllReduce:
         x.stage = allocateHost(block);
@@ -499,6 +489,9 @@ class PersistentCalls {
         break;
       }
     }
+#else
+    (void)comm, (void)n, (void)whole, (void)block;  // unreachable: enabled() is false
+#endif
     slots_.push_back(std::move(x));
     return slots_.back();
   }
@@ -530,7 +523,6 @@ class PersistentCalls {
     slots_.erase(
         std::find_if(slots_.begin(), slots_.end(), [p](const Slot& y) { return &y == p; }));
   }
-#endif
 
   std::mutex mu_;
   std::vector<Slot> slots_;

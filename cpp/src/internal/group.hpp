@@ -94,6 +94,18 @@ struct AlgorithmImpl {
   bool reduceScatterInPlace = false;
 };
 
+/// Runs `run(o)` with o = out, or, when `viaScratch`, with o in scratch slot 4 (out's size),
+/// copied over `out` after: how an in-place reduce_scatter reaches an algorithm that cannot take
+/// its output inside its input (AlgorithmImpl::reduceScatterInPlace).
+template <class Run>
+void intoOrThroughScratch(Group& g, const Buffer& out, bool viaScratch, Run&& run) {
+  if (!viaScratch) return run(out);
+  Buffer tmp = out;
+  tmp.data = g.scratch(4, out.bytes());
+  run(static_cast<const Buffer&>(tmp));
+  g.backend().copy(out.data, tmp.data, out.bytes());
+}
+
 /// The implementation of `a` (never kAuto); nullptr when it is not built in.
 const AlgorithmImpl* algorithmImpl(Algorithm a);
 

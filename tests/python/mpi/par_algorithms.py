@@ -253,16 +253,12 @@ def test_reduce_scatter_in_place_every_algorithm():
     hierarchical's two-level path (2 MiB each), on two virtual nodes and on the real one."""
     for rpn in (max(1, N // 2), None):
         g = fourd.init(ranks_per_node=rpn)
-        p, gr = g.size("world"), g.rank("world")
         for algo in ALGOS:
             if not support(g, "reduce_scatter", "world")[algo][0]:
                 continue
             for count in (1, 7, BIG):
-                inp = make(np.int32, values(ME, count * p))
-                mine = inp[gr * count : (gr + 1) * count]
-                fourd.reduce_scatter(mine, inp, "world", "sum", algorithm=algo)
-                want = oracle("sum", g.ranks("world"), count * p)[gr * count : (gr + 1) * count]
-                check(mine, want, "sum", np.int32, f"{algo} rpn={rpn} count={count} in place")
+                what = f"{algo} rpn={rpn} count={count} in place"
+                run_one(g, algo, "reduce_scatter", "world", np.int32, "sum", count, True, what)
         fourd.finalize()
 
 
