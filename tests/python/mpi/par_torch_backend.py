@@ -225,15 +225,19 @@ def run(fn, group, async_op):
 def test_all_reduce_every_dtype_and_op(groups, name, async_op):
     g = groups[name]
     me = dist.get_rank(g[0])
-    for dtype in DTYPES:
-        for op in OPS:
-            small = op == dist.ReduceOp.PRODUCT
+    # Twice over: a blocking call of a dtype and op seen before takes allreduce's hot path.
+    for _sweep in range(2):
+        for dtype in DTYPES:
+            for op in OPS:
+                small = op == dist.ReduceOp.PRODUCT
 
-            def call(group, a, op=op, dtype=dtype, small=small):
-                t = values(me, 33, dtype, small=small)
-                return dist.all_reduce(t, op=op, group=group, async_op=a), t
+                def call(group, a, op=op, dtype=dtype, small=small):
+                    t = values(me, 33, dtype, small=small)
+                    return dist.all_reduce(t, op=op, group=group, async_op=a), t
 
-            assert_same(*(run(call, grp, async_op) for grp in g[:2]))
+                assert_same(*(run(call, grp, async_op) for grp in g[:2]))
+        if not async_op:
+            assert {(d, o.value) for d in DTYPES for o in OPS} <= set(g[0]._hot), g[0]._hot
     # AVG (gloo has none): the sum over the group size.
     t = values(me, 16, torch.float64)
     s = t.clone()
@@ -637,14 +641,27 @@ def test_bad_input_raises_on_every_rank(groups):
     world_sum_check()  # the group still works
 
 
-def test_a_rank_that_skips_a_collective(groups):
+# Each variant poisons its group's communicator, which a later group of the same ranks in the
+# same order shares (Grid.group): two ranks have one such order besides the world's, so they
+# run the warm variant only (the cold one runs on 4).
+@pytest.mark.parametrize("warm", [False, True] if N > 2 else [True])
+def test_a_rank_that_skips_a_collective(groups, warm):
     """The last rank skips an all_reduce: the others raise DistBackendError (fourd's message:
     operation, group ranks, sequence number) within the deadline, and at once on the next call
-    (the group is poisoned); the skipper's late call never waits past its deadline."""
+    (the group is poisoned); the skipper's late call never waits past its deadline. `warm`: a
+    good call of the same dtype and op went first, so the skipped one takes allreduce's hot
+    path (one native call), not fourd.all_reduce's."""
     deadline = 1.5
-    ranks = list(reversed(range(N)))  # not a grid axis: its own communicator (the last test)
+    # Not a grid axis: a communicator of its own (the last tests of the file).
+    ranks = list(reversed(range(N)))
+    if warm and N > 2:
+        ranks = [r ^ 1 for r in range(N)]  # 1, 0, 3, 2
     g = dist.new_group(ranks, timeout=datetime.timedelta(seconds=deadline), sort_ranks=False)
     a = torch.ones(1 << 12)
+    if warm:
+        dist.all_reduce(a, group=g)
+        assert (a == N).all(), a
+        assert g._hot, "the good call did not make allreduce's hot path"
     if ME != N - 1:
         t0 = time.monotonic()
         e = expect(
