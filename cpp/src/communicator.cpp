@@ -40,6 +40,9 @@ const std::string& Communicator::name() const noexcept { return name_; }
 const std::vector<int>& Communicator::worldRanks() const noexcept { return worldRanks_; }
 const GroupTopology& Communicator::topology() const noexcept { return topology_; }
 bool Communicator::poisoned() const noexcept { return !state_ || state_->poisoned.load(); }
+void Communicator::abort(const std::string& why) {
+  if (state_) state_->poison("aborted: " + why);
+}
 std::string Communicator::poisonReason() const {
   if (!state_) return "the grid was finalized";
   std::lock_guard<std::mutex> lk(state_->poisonMu);

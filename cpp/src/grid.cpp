@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -415,40 +416,73 @@ void checkList(const std::vector<int>& ranks, int me, int worldSize) {
   }
 }
 
+// The messages of one agreement round, on the heap: a round that times out leaves requests
+// behind (a member may still send, or receive, later), so its receives are cancelled, its
+// sends left to complete, and this block is never freed.
+struct AgreeRound {
+  uint64_t digest = 0;
+  uint64_t verdict = 1;
+  std::vector<uint64_t> theirs;
+  std::vector<MPI_Request> reqs;
+  std::vector<bool> receive;  // reqs[i] is a receive
+
+  void post(bool recv, int rc, const char* call) {
+    receive.push_back(recv);
+    checkMpi(rc, call);
+  }
+  MPI_Request* next() { return &reqs.emplace_back(MPI_REQUEST_NULL); }
+};
+
+void waitOrAbandon(std::unique_ptr<AgreeRound>& r, OpContext& ctx) {
+  try {
+    detail::waitMpi(r->reqs.data(), static_cast<int>(r->reqs.size()), ctx);
+  } catch (...) {
+    for (size_t i = 0; i < r->reqs.size(); ++i) {
+      if (r->reqs[i] == MPI_REQUEST_NULL) continue;
+      if (r->receive[i]) MPI_Cancel(&r->reqs[i]);
+      MPI_Request_free(&r->reqs[i]);
+    }
+    (void)r.release();  // MPI may still write or read it
+    throw;
+  }
+  r->reqs.clear();
+  r->receive.clear();
+}
+
 // The members compare their lists before the (blocking) MPI_Comm_create_group, with the
 // deadline: the lowest world rank of the list (the same member whatever the order) gathers a
 // digest of every member's list, in its order, and answers each.
 void agreeOnList(MPI_Comm world, const std::vector<int>& ranks, int me, int tag, OpContext& ctx) {
-  uint64_t digest = 1469598103934665603ULL;
-  for (int r : ranks) digest = (digest ^ static_cast<uint64_t>(r)) * 1099511628211ULL;
+  auto r = std::make_unique<AgreeRound>();
+  r->digest = 1469598103934665603ULL;
+  for (int x : ranks) r->digest = (r->digest ^ static_cast<uint64_t>(x)) * 1099511628211ULL;
   const int leader = *std::min_element(ranks.begin(), ranks.end());
   std::vector<int> others;
-  for (int r : ranks)
-    if (r != leader) others.push_back(r);
-  std::vector<MPI_Request> reqs;
-  std::vector<uint64_t> theirs(others.size(), 0);
-  uint64_t verdict = 1;
+  for (int x : ranks)
+    if (x != leader) others.push_back(x);
+  r->reqs.reserve(others.size() + 2);  // next() never moves a posted request
   if (me != leader) {
-    reqs.resize(2);
-    checkMpi(MPI_Isend(&digest, 1, MPI_UINT64_T, leader, tag, world, &reqs[0]), "MPI_Isend");
-    checkMpi(MPI_Irecv(&verdict, 1, MPI_UINT64_T, leader, tag, world, &reqs[1]), "MPI_Irecv");
+    r->post(false, MPI_Isend(&r->digest, 1, MPI_UINT64_T, leader, tag, world, r->next()),
+            "MPI_Isend");
+    r->post(true, MPI_Irecv(&r->verdict, 1, MPI_UINT64_T, leader, tag, world, r->next()),
+            "MPI_Irecv");
   } else {
-    reqs.resize(others.size());
+    r->theirs.assign(others.size(), 0);
     for (size_t i = 0; i < others.size(); ++i) {
-      checkMpi(MPI_Irecv(&theirs[i], 1, MPI_UINT64_T, others[i], tag, world, &reqs[i]),
-               "MPI_Irecv");
+      r->post(true, MPI_Irecv(&r->theirs[i], 1, MPI_UINT64_T, others[i], tag, world, r->next()),
+              "MPI_Irecv");
     }
   }
-  detail::waitMpi(reqs.data(), static_cast<int>(reqs.size()), ctx);
+  waitOrAbandon(r, ctx);
   if (me == leader) {
-    for (uint64_t t : theirs) verdict = verdict && t == digest;
-    reqs.assign(others.size(), MPI_REQUEST_NULL);
-    for (size_t i = 0; i < others.size(); ++i) {
-      checkMpi(MPI_Isend(&verdict, 1, MPI_UINT64_T, others[i], tag, world, &reqs[i]), "MPI_Isend");
+    for (uint64_t t : r->theirs) r->verdict = r->verdict && t == r->digest;
+    for (int other : others) {
+      r->post(false, MPI_Isend(&r->verdict, 1, MPI_UINT64_T, other, tag, world, r->next()),
+              "MPI_Isend");
     }
-    detail::waitMpi(reqs.data(), static_cast<int>(reqs.size()), ctx);
+    waitOrAbandon(r, ctx);
   }
-  if (!verdict) {
+  if (!r->verdict) {
     throw MismatchError("fourd: the members of " + listName(ranks) +
                         " asked for groups of different ranks (or in a different order)");
   }
@@ -459,8 +493,11 @@ void agreeOnList(MPI_Comm world, const std::vector<int>& ranks, int me, int tag,
 Communicator& Grid::group(const std::vector<int>& ranks, double timeoutSeconds) {
   if (finalized_) throw AbortedError("fourd: the grid was finalized; call fourd.init again");
   checkList(ranks, worldRank_, grid_.worldSize());
+  // A poisoned group is made anew: every member calls again, as the first time. A member whose
+  // copy is healthy (its last operation completed where another's timed out) returns it, and
+  // the others' agreement below times out; their group fails too, later, and then all agree.
   auto it = groups_.find(ranks);
-  if (it != groups_.end()) return *it->second;
+  if (it != groups_.end() && !it->second->poisoned()) return *it->second;
   auto ax = axisGroups_.find(ranks);
   if (ax != axisGroups_.end()) return *comms_[ax->second];
   // A tag every member derives alike from the set of ranks, above those of the operations'
@@ -499,7 +536,10 @@ Communicator& Grid::group(const std::vector<int>& ranks, double timeoutSeconds) 
   checkMpi(rc, "MPI_Comm_create_group");
   auto comm = std::make_unique<Communicator>(
       newState(listName(ranks), 0, detail::makeMpiBackend(c, true, ranks), ranks));
-  return *groups_.emplace(ranks, std::move(comm)).first->second;
+  auto& slot = groups_[ranks];
+  if (slot) retired_.push_back(std::move(slot));
+  slot = std::move(comm);
+  return *slot;
 }
 
 // Operations waited for may still be finishing on their progress threads (a Work completes
@@ -531,6 +571,7 @@ bool Grid::finalize(double timeoutSeconds) noexcept {
     // neither (joining a thread that is not there, or an MPI call, would hang): leak it all.
     for (auto& c : comms_) (void)c.release();
     for (auto& [ranks, c] : groups_) (void)c.release();
+    for (auto& c : retired_) (void)c.release();
     world_ = MPI_COMM_NULL;
     return true;
   }
@@ -550,12 +591,15 @@ bool Grid::finalize(double timeoutSeconds) noexcept {
     }
   };
   for (auto& [ranks, c] : groups_) drain(c);
+  for (auto& c : retired_) drain(c);
   for (auto& c : comms_) drain(c);
   int finalizedMpi = 0;
   MPI_Finalized(&finalizedMpi);
   if (ok) {
     // The communicators stay (Python may hold them); their groups go, and later calls raise.
     for (auto& [ranks, c] : groups_)
+      if (c) c->close();
+    for (auto& c : retired_)
       if (c) c->close();
     for (auto& c : comms_)
       if (c) c->close();

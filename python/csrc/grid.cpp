@@ -307,7 +307,10 @@ void bindCommunicatorInfo(CommunicatorClass& c) {
       .def_property_readonly("topology",
                              [](const Communicator& c) { return topologyDict(c.topology()); })
       .def_property_readonly("poisoned", &Communicator::poisoned)
-      .def_property_readonly("poison_reason", &Communicator::poisonReason);
+      .def_property_readonly("poison_reason", &Communicator::poisonReason)
+      .def("abort", &Communicator::abort, py::arg("reason"),
+           "Poisons the communicator on this rank: later calls raise AbortedError naming "
+           "`reason`; Grid.group makes a poisoned group anew (docs/errors.md).");
 }
 
 // The collectives, as Python resolves their buffers (grid.py is the only caller).

@@ -1232,7 +1232,11 @@ class ProcessGroup(dist.ProcessGroup):
             _WORLD.close()
 
     def abort(self) -> None:
+        """torch's abort: every later call of the group raises DistBackendError on this rank,
+        fourd's collectives included (the group's fourd communicator is poisoned; a grid axis's
+        for all its users). A new_group of the same ranks afterwards gets a new communicator."""
         self._mpi_failure = self._mpi_failure or "the group was aborted"
+        self.fourd_axis.communicator.abort(f"torch.distributed aborted group {self._name}")
 
 
 def _async(options, reduce_op=None):

@@ -492,7 +492,9 @@ class Grid:
         `axis=` every collective takes. Collective over the listed ranks only; every member
         passes the same list. Ranks that form an axis (or a combination) give that axis's
         communicator; any other list gets a communicator of its own, with its topology, so
-        `auto` and `hierarchical` work on it."""
+        `auto` and `hierarchical` work on it. Asked for again after an operation on it failed
+        (its communicator poisoned: docs/errors.md), such a group gets a new communicator; a
+        grid axis keeps its own."""
         try:
             ranks = [int(r) for r in ranks]
         except (TypeError, ValueError):
@@ -503,7 +505,7 @@ class Grid:
             raise NotInitializedError("fourd: this grid was finalized; call fourd.init() again")
         key = tuple(ranks)
         sub = self._groups.get(key)
-        if sub is None:
+        if sub is None or sub.communicator.poisoned:
             t = 0.0 if timeout is None else _timeout(timeout)
             sub = self._groups[key] = Subgroup(self._native.group(ranks, t), key)
         return sub

@@ -142,6 +142,10 @@ class Communicator {
 
   bool poisoned() const noexcept;
   std::string poisonReason() const;
+  /// Poisons the communicator on this rank (torch's ProcessGroup.abort): every later call
+  /// raises AbortedError with `why`; an operation in flight runs on to its end or deadline.
+  /// Local: the other ranks learn of it only when their calls time out.
+  void abort(const std::string& why);
 
   /// Waits for every operation in flight (up to timeoutSeconds) and stops the progress thread.
   /// Returns false if some did not finish in time.

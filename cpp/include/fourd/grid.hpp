@@ -70,7 +70,10 @@ class Grid {
   /// each passing the same list (compared first: a different list raises MismatchError there,
   /// a missing rank times out). A list that is exactly my group along an axis mask gives that
   /// axis's communicator; any other is made once (MPI_Comm_create_group), with its topology
-  /// from the grid's, and cached.
+  /// from the grid's, and cached. A cached group whose communicator was poisoned (a failed or
+  /// timed-out operation) is made anew, so that a program can recover by asking again; the old
+  /// one stays alive (it may still be referenced, and MPI may still touch its buffers). A grid
+  /// axis's communicator is never made anew.
   Communicator& group(const std::vector<int>& worldRanks, double timeoutSeconds);
 
   /// The cost-model profile `auto` uses (identical on every rank).
@@ -99,7 +102,8 @@ class Grid {
   CoreShare coreShare_;
   std::array<std::unique_ptr<Communicator>, 16> comms_;
   std::map<std::vector<int>, std::unique_ptr<Communicator>> groups_;
-  std::map<std::vector<int>, AxisMask> axisGroups_;  ///< agreed lists that are an axis's ranks
+  std::map<std::vector<int>, AxisMask> axisGroups_;     ///< agreed lists that are an axis's ranks
+  std::vector<std::unique_ptr<Communicator>> retired_;  ///< poisoned groups made anew
   std::shared_ptr<MachineProfile> profile_;
   // The slot every CommState reads the profile from (swapped by setProfile).
   std::unique_ptr<std::shared_ptr<const MachineProfile>> profileHolder_;

@@ -400,3 +400,32 @@ TEST(Grid, MismatchedArgumentsRaiseOnEveryRank) {
   cfg.sizes = {worldRank() == 0 ? 3 * worldSize() : worldSize(), 1, 1, 1};
   EXPECT_THROW(Grid(MPI_COMM_WORLD, cfg), Error);
 }
+
+TEST(Grid, APoisonedGroupIsMadeAnewWhenAskedAgain) {
+  if (worldSize() < 2) GTEST_SKIP() << "needs 2 ranks";
+  GridConfig cfg;
+  cfg.sizes = {worldSize(), 1, 1, 1};
+  cfg.timeoutSeconds = 30;
+  Grid grid(MPI_COMM_WORLD, cfg);
+  std::vector<int> ranks;
+  for (int r = worldSize() - 1; r >= 0; --r) ranks.push_back(r);  // not an axis
+  Communicator& first = grid.group(ranks, 30);
+  EXPECT_EQ(&grid.group(ranks, 30), &first);  // healthy: cached
+  first.abort("the test");
+  EXPECT_TRUE(first.poisoned());
+  EXPECT_NE(first.poisonReason().find("the test"), std::string::npos);
+  Communicator& again = grid.group(ranks, 30);
+  ASSERT_NE(&again, &first);
+  EXPECT_FALSE(again.poisoned());
+  EXPECT_EQ(again.worldRanks(), ranks);
+  std::vector<int32_t> v(5, worldRank() + 1);
+  again.allReduce(Buffer(v.data(), 5, DataType::kInt32), Buffer(v.data(), 5, DataType::kInt32),
+                  ReduceOp::kSum);
+  EXPECT_EQ(v[4], worldSize() * (worldSize() + 1) / 2);
+  EXPECT_THROW(first.allReduce(Buffer(v.data(), 5, DataType::kInt32),
+                               Buffer(v.data(), 5, DataType::kInt32), ReduceOp::kSum),
+               AbortedError);
+  // A grid axis is never made anew.
+  Communicator& x = grid.communicator(1);
+  EXPECT_EQ(&grid.group(x.worldRanks(), 30), &x);
+}

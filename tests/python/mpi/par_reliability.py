@@ -4,6 +4,7 @@ arguments that must be refused on every rank. Run under mpiexec by tests/python/
 (2 and 4 ranks)."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -203,6 +204,43 @@ def test_groups_of_any_ranks_in_any_order():
     # The ranks of an axis give that axis's communicator (world and data coincide here).
     c = g.group(g.ranks("world")).communicator
     assert c.name in ("world", "data") and g.ranks(c.name) == g.ranks("world"), c.name
+    MPI.COMM_WORLD.Barrier()
+
+
+def test_a_poisoned_group_is_made_anew_when_asked_again():
+    """A group whose operation timed out is poisoned on the ranks that waited. Asked for again,
+    it is made anew where every member's copy is poisoned; a member whose copy is healthy (here
+    rank 0, which skipped the call) keeps it, so the others' request times out, until that
+    member's copy fails too (here: aborted). The new group works; the old one keeps refusing."""
+    g = fourd.init()
+    if N < 2:
+        return
+    ranks = list(reversed(range(N)))  # not an axis: a communicator of its own
+    sub = g.group(ranks)
+    a = np.ones(1000, np.float32)
+    if ME != 0:
+        with pytest.raises(fourd.TimeoutError):
+            fourd.all_reduce(a, sub, timeout=1.0)
+        assert sub.communicator.poisoned
+        t0 = time.monotonic()
+        with pytest.raises(fourd.TimeoutError):
+            g.group(ranks, timeout=1.0)
+        assert time.monotonic() - t0 < 5
+    else:
+        assert g.group(ranks) is sub and not sub.communicator.poisoned
+    MPI.COMM_WORLD.Barrier()
+    if ME == 0:
+        sub.communicator.abort("the test's peers timed out")
+        assert "the test's peers timed out" in sub.communicator.poison_reason
+    again = g.group(ranks, timeout=30)
+    assert again is not sub and not again.communicator.poisoned
+    assert list(again.communicator.world_ranks) == ranks
+    b = np.full(1000, ME + 1, np.float32)
+    fourd.all_reduce(b, again)
+    assert (b == N * (N + 1) / 2).all()
+    assert g.group(ranks) is again  # healthy: cached
+    with pytest.raises(fourd.AbortedError):
+        fourd.all_reduce(a, sub)  # the old one still refuses, at once
     MPI.COMM_WORLD.Barrier()
 
 
