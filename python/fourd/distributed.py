@@ -130,6 +130,23 @@ def _op(reduce_op) -> str:
     return name
 
 
+# The hot-path keys of all_gather_single and reduce_scatter_single (allreduce's are plain).
+_AG_KEY = "all_gather_into_tensor"
+_RS_KEY = "reduce_scatter_tensor"
+
+
+def _plain(output: torch.Tensor, input: torch.Tensor) -> bool:
+    """Whether a gather or scatter of these CPU tensors is one native call: contiguous, of one
+    dtype, neither requiring grad (the checks the hot paths skip are the native core's)."""
+    return (
+        output.dtype is input.dtype
+        and not output.requires_grad
+        and not input.requires_grad
+        and output.is_contiguous()
+        and input.is_contiguous()
+    )
+
+
 def _one(tensors, what: str):
     """The one tensor (or list) of torch's list-of-one arguments."""
     if len(tensors) != 1:
@@ -765,7 +782,9 @@ class ProcessGroup(dist.ProcessGroup):
         try:
             if not opts.asyncOp:
                 self._grid.all_reduce(buf, self.fourd_axis, op, timeout=self._timeout)
-                self._learn(t, reduce_op.op.value, op)
+                code = _tensor._TORCH_CODES.get(t.dtype)
+                if code is not None and t.is_cpu and t.is_contiguous():
+                    self._learn((t.dtype, reduce_op.op.value), (op, code))
                 return None
             w = self._grid.all_reduce(
                 buf, self.fourd_axis, op, async_op=True, timeout=self._timeout
@@ -774,12 +793,13 @@ class ProcessGroup(dist.ProcessGroup):
             raise _failure(e) from e
         return self._work("all_reduce", _FourdOp(w), tensors)
 
-    def _learn(self, t: torch.Tensor, kind: int, op: str) -> None:
-        """After a blocking all_reduce of `t` went through fourd.all_reduce: its native call
-        for allreduce's hot path, when `t` is a tensor that path takes."""
-        code = _tensor._TORCH_CODES.get(t.dtype)
-        if code is not None and t.is_cpu and t.is_contiguous():
-            self._hot[(t.dtype, kind)] = (op, code)
+    def _learn(self, key, value) -> None:
+        """After a blocking call went through fourd's general path: what the hot path of its
+        method needs to make the same call again in one native call (keys: allreduce's
+        (dtype, RedOpType value), all_gather_single's (_AG_KEY, dtype), reduce_scatter_single's
+        (_RS_KEY, dtype, RedOpType value))."""
+        if value is not None and len(self._hot) < 256:
+            self._hot[key] = value
 
     @_translated
     def allreduce_coalesced(self, tensors, opts=_ARC):
@@ -827,10 +847,24 @@ class ProcessGroup(dist.ProcessGroup):
         return self._work(what, _Several(works), result)
 
     def all_gather_single(self, output, input, opts=_AG):
+        # The hot path (FSDP's parameter gathers), as allreduce's.
+        if not opts.asyncOp and input.is_cpu and output.is_cpu:
+            code = self._hot.get((_AG_KEY, input.dtype))  # an int; 0 is one
+            plan = None if code is None else self._grid._calls.get((self.fourd_axis, "sum", "auto"))
+            if plan is not None and _plain(output, input):
+                try:
+                    plan[0].all_gather(
+                        input.data_ptr(), input.numel(), output.data_ptr(), output.numel(),
+                        code, 0, 0, 0, plan[2], self._timeout, False, None, "",
+                    )  # fmt: skip
+                except _FAILURES as e:
+                    _grid._quarantine(output, input)
+                    raise _failure(e) from e
+                return None
         if other := self._route(input):
             return other._allgather_base(output, input, opts)
         try:
-            return self._fourd(
+            w = self._fourd(
                 "all_gather_into_tensor",
                 lambda a: self._grid.all_gather(
                     _movable(output, "output_tensor"),
@@ -844,6 +878,9 @@ class ProcessGroup(dist.ProcessGroup):
             )
         except _FAILURES as e:
             raise _failure(e) from e
+        if not opts.asyncOp and _plain(output, input):
+            self._learn((_AG_KEY, input.dtype), _tensor._TORCH_CODES.get(input.dtype))
+        return w
 
     @_translated
     def all_gather_single_coalesced(self, outputs, inputs, opts=_AG):
@@ -894,11 +931,27 @@ class ProcessGroup(dist.ProcessGroup):
         return self._after(works, opts.asyncOp, "all_gather_coalesced", output_lists)
 
     def reduce_scatter_single(self, output, input, opts=_RS):
+        # The hot path (FSDP's gradient reductions), as allreduce's.
+        reduce_op = opts.reduceOp
+        if not opts.asyncOp and input.is_cpu and output.is_cpu:
+            hot = self._hot.get((_RS_KEY, input.dtype, reduce_op.op.value))
+            plan = hot and self._grid._calls.get((self.fourd_axis, hot[0], "auto"))
+            if plan is not None and _plain(output, input):
+                try:
+                    plan[0].reduce_scatter(
+                        input.data_ptr(), input.numel(), output.data_ptr(), output.numel(),
+                        hot[1], 0, 0, 0, plan[1], plan[2], self._timeout, False, False, None,
+                        "",
+                    )  # fmt: skip
+                except _FAILURES as e:
+                    _grid._quarantine(output, input)
+                    raise _failure(e) from e
+                return None
         if other := self._route(input):
             return other._reduce_scatter_base(output, input, opts)
-        op = _op(opts.reduceOp)
+        op = _op(reduce_op)
         try:
-            return self._fourd(
+            w = self._fourd(
                 "reduce_scatter_tensor",
                 lambda a: self._grid.reduce_scatter(
                     _buf(output),
@@ -913,6 +966,10 @@ class ProcessGroup(dist.ProcessGroup):
             )
         except _FAILURES as e:
             raise _failure(e) from e
+        code = _tensor._TORCH_CODES.get(input.dtype)
+        if not opts.asyncOp and code is not None and _plain(output, input):
+            self._learn((_RS_KEY, input.dtype, reduce_op.op.value), (op, code))
+        return w
 
     @_translated
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=_RS):

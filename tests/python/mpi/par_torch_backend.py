@@ -274,6 +274,12 @@ def test_gathers_scatters_and_broadcast(groups, name, async_op, count):
 
     for fn in (all_gather, into_tensor, reduce_scatter, reduce_scatter_tensor):
         assert_same(run(fn, f, async_op), run(fn, g, async_op))
+    # Again: a blocking call of a dtype (and op) that went through once takes the hot path.
+    for fn in (into_tensor, reduce_scatter_tensor):
+        assert_same(run(fn, f, async_op), run(fn, g, async_op))
+    if not async_op:
+        assert (fdist._AG_KEY, torch.int32) in f._hot, f._hot
+        assert (fdist._RS_KEY, torch.int64, dist.ReduceOp.SUM.value) in f._hot, f._hot
     for root in range(n):
 
         def broadcast(group, a, root=root):
@@ -615,9 +621,11 @@ def test_bad_input_raises_on_every_rank(groups):
         dist.ReduceOp.AVG,
         f,
     )
+    # A good call first, so that the bad one takes the hot path (the native core's checks).
+    dist.all_gather_single(torch.empty(N * 3), torch.ones(3), group=f)
     expect(
         ValueError,
-        ["output"],
+        ["output", str(N * 3 + 1)],
         dist.all_gather_single,
         torch.empty(N * 3 + 1),
         torch.ones(3),
