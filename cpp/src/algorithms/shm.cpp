@@ -20,7 +20,8 @@
 //                   T = (k-1)/k n c + (k-1)/k n gamma + chunks s.
 //   all_gather      per chunk: copy my block's piece into my segment, barrier, copy the other
 //                   k-1 pieces out. T = n/k c + (k-1)/k n c + chunks s.
-// From 64 KiB per rank (FOURD_SHM_CMA), where the node's ranks may read each other's memory
+// From 64 KiB per rank for all_reduce and 32 KiB for the others (FOURD_SHM_CMA; kCmaMinBytes
+// below), where the node's ranks may read each other's memory
 // (process_vm_readv; probed when the window is made, agreed by all), the three collectives
 // read the peers' buffers directly instead, one copy per byte and two barriers per operation
 // (three for all_reduce) whatever the size ("single copy" below):
@@ -356,13 +357,19 @@ namespace {
 // ranks do not all read one peer.
 
 // Per-rank bytes from which "auto" reads directly (below it, the two-copy path's one barrier
-// per chunk and its cached buffers cost less than two barriers and the system calls).
+// per chunk and its cached buffers cost less than two barriers and the system calls): for
+// all_reduce, whose direct path has three barriers, 64 KiB; for all_gather and reduce_scatter
+// (two), 32 KiB. 2 ranks on this project's 2-core VM, in place and out of place, 32 KiB a
+// rank: the direct reads took 7.3-8.3 us against 7.3-8.3 through the window in a fast hour,
+// 8.0-10.2 against 19.7-21.8 in a slow one (the copies through the window slow down in the VM's
+// slow hours, the reads do not); at 16 KiB a rank 6.2-6.7 against 5.1-5.7 in a fast hour.
 constexpr size_t kCmaMinBytes = 64 * 1024;
+constexpr size_t kCmaMinBlockBytes = 32 * 1024;
 
-bool useCma(const ShmWindow& w, size_t bytesPerRank) {
+bool useCma(const ShmWindow& w, size_t bytesPerRank, size_t minBytes = kCmaMinBytes) {
   if (!w.cma) return false;
   const CmaMode m = cmaMode();
-  return m == CmaMode::kOn || (m == CmaMode::kAuto && bytesPerRank >= kCmaMinBytes);
+  return m == CmaMode::kOn || (m == CmaMode::kAuto && bytesPerRank >= minBytes);
 }
 
 void publish(Schedule& s, ShmWindow* w, const void* a, const void* b) {
@@ -564,7 +571,7 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
                       DataType t, ReduceOp op) {
   ShmWindow* w = &wr;
   const size_t es = dataTypeSize(t);
-  if (useCma(*w, B.maxCount() * es)) {
+  if (useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
     return cmaReduceScatter(s, w, static_cast<const char*>(inV), static_cast<char*>(outV), B, t,
                             op);
   }
@@ -610,7 +617,9 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
 void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataType t) {
   ShmWindow* w = &wr;
   const size_t es = dataTypeSize(t);
-  if (useCma(*w, B.maxCount() * es)) return cmaAllGather(s, w, static_cast<char*>(bufV), B, es);
+  if (useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
+    return cmaAllGather(s, w, static_cast<char*>(bufV), B, es);
+  }
   char* buf = static_cast<char*>(bufV);
   const int k = w->k, me = w->me;
   const size_t P = std::max<size_t>(1, w->bufBytes / es);
@@ -704,7 +713,7 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
   if (!w) return algorithmImpl(Algorithm::kRing)->allGather(g, in, out, ctx);
   const Buffer mine = out.slice(in.count * g.rank(), in.count);
   const Blocks B = Blocks::uniform(in.count, g.size());
-  if (mine.data != in.data && useCma(*w, in.bytes())) {
+  if (mine.data != in.data && useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
     const size_t es = dataTypeSize(in.dtype);
     return runOnWindow(g, *w, ctx, [&](Schedule& s) {
       cmaAllGatherFrom(s, w, static_cast<const char*>(in.data), static_cast<char*>(out.data), B,
