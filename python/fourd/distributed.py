@@ -622,8 +622,8 @@ class ProcessGroup(dist.ProcessGroup):
                 f"{self._mpi.Get_rank()} of its MPI communicator"
             )
         self._mpi_failure = None  # why the MPI calls of this group are aborted
-        # (dtype, RedOpType's value) -> (fourd's op name, dtype code) of a blocking all_reduce
-        # that went through once (allreduce's hot path; its native call is the grid's plan).
+        # What the hot paths of allreduce, all_gather_single and reduce_scatter_single learnt
+        # from a blocking call that went through fourd's general path (_learn).
         self._hot: dict = {}
         self._mpi_seq = 0
         self._store = store
@@ -755,10 +755,10 @@ class ProcessGroup(dist.ProcessGroup):
     # ---- fourd's collectives -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=_AR):
-        # The hot path (DDP buckets, Megatron's tensor-parallel all-reduces): a blocking call on
-        # one contiguous CPU tensor of a dtype and op that went through once is one native
-        # call, without fourd.all_reduce's resolution (about 2 of the 5 us a call this
-        # backend adds to fourd's own at 8 bytes on 2 ranks).
+        # The hot path (blocking calls in a loop: Megatron's tensor-parallel all-reduces): a
+        # blocking call on one contiguous CPU tensor of a dtype and op that went through once
+        # is one native call, without fourd.all_reduce's resolution (it took about 2 of the
+        # 6 us a call this backend added to fourd's own at 8 bytes on 2 ranks).
         t = tensors[0] if len(tensors) == 1 else _one(tensors, "all_reduce")
         reduce_op = opts.reduceOp
         if t.is_cpu and not opts.asyncOp and not t.requires_grad:
