@@ -500,13 +500,18 @@ Communicator& Grid::group(const std::vector<int>& ranks, double timeoutSeconds) 
   if (it != groups_.end() && !it->second->poisoned()) return *it->second;
   auto ax = axisGroups_.find(ranks);
   if (ax != axisGroups_.end()) return *comms_[ax->second];
-  // A tag every member derives alike from the set of ranks, above those of the operations'
-  // point-to-point messages (1..30000 and their lanes).
+  // Tags every member derives alike from the set of ranks, above those of the operations'
+  // point-to-point messages (1..30000 and their lanes): one for the agreement, another for
+  // MPI_Comm_create_group. A request that timed out leaves its agreement messages behind (a
+  // member's list, sent to a leader that never took it): the next agreement of these ranks
+  // may take them (the same list, so the same verdict), but MPI_Comm_create_group must not,
+  // and with one tag Open MPI's did (and crashed on the 8 bytes).
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   uint64_t h = 1469598103934665603ULL;
   for (int r : sorted) h = (h ^ static_cast<uint64_t>(r)) * 1099511628211ULL;
-  const int tag = 31000 + static_cast<int>(h % 1000);
+  const int tag = 31000 + static_cast<int>(h % 500);
+  const int createTag = tag + 500;
   OpContext ctx = initContext(timeoutSeconds > 0 ? timeoutSeconds : config_.timeoutSeconds, &ranks);
   ctx.op = "group";
   // Every member agrees first, even on a list that is an axis's ranks: a member that took a
@@ -530,7 +535,7 @@ Communicator& Grid::group(const std::vector<int>& ranks, double timeoutSeconds) 
   checkMpi(MPI_Group_incl(worldGroup, static_cast<int>(ranks.size()), ranks.data(), &sub),
            "MPI_Group_incl");
   MPI_Comm c;
-  const int rc = MPI_Comm_create_group(world_, sub, tag, &c);
+  const int rc = MPI_Comm_create_group(world_, sub, createTag, &c);
   MPI_Group_free(&sub);
   MPI_Group_free(&worldGroup);
   checkMpi(rc, "MPI_Comm_create_group");
