@@ -1279,6 +1279,25 @@ class ProcessGroup(dist.ProcessGroup):
 
     # ---- lifecycle -----------------------------------------------------------------------
 
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        """torch's ProcessGroup.set_timeout: the deadline of every later call of the group
+        (calls already started keep theirs), the backends of a device map's other devices
+        included. A group can be made and warmed up under a generous deadline and then run
+        under a tight one."""
+        if not isinstance(timeout, datetime.timedelta):
+            raise InvalidArgumentError(
+                f"fourd: set_timeout takes a datetime.timedelta; found {type(timeout).__name__}"
+            )
+        seconds = _seconds(timeout)
+        if seconds is None:
+            raise InvalidArgumentError(
+                f"fourd: set_timeout: the timeout must be > 0; found {timeout}"
+            )
+        self._timeout = seconds
+        for backend in self._devices.values():
+            if backend:
+                backend._set_default_timeout(timeout)
+
     def shutdown(self) -> None:
         """Frees the group's MPI duplicate; the default group also ends the grid made for it."""
         mpi, self._mpi = self._mpi, None

@@ -656,15 +656,22 @@ def test_a_rank_that_skips_a_collective(groups, warm):
     (the group is poisoned); the skipper's late call never waits past its deadline. `warm`: a
     good call of the same dtype and op went first, so the skipped one takes allreduce's hot
     path (one native call), not fourd.all_reduce's. Then every rank aborts the group and makes
-    one of the same ranks again, which works (docs/errors.md)."""
+    one of the same ranks again, which works (docs/errors.md). The group is made, and warmed,
+    under a generous deadline (a group's first call sets up its shared-memory window, several
+    MPI collectives that a stall of this 2-core machine can hold up for seconds) and then set
+    to the tight one with torch's ProcessGroup.set_timeout."""
     deadline = 1.5
     ranks = list(reversed(range(N)))  # not a grid axis: a communicator of its own
-    g = dist.new_group(ranks, timeout=datetime.timedelta(seconds=deadline), sort_ranks=False)
+    g = dist.new_group(ranks, timeout=datetime.timedelta(seconds=60), sort_ranks=False)
     a = torch.ones(1 << 12)
     if warm:
         dist.all_reduce(a, group=g)
         assert (a == N).all(), a
         assert g._hot, "the good call did not make allreduce's hot path"
+    for bad in (1.5, datetime.timedelta(0)):
+        with pytest.raises(fourd.InvalidArgumentError, match="set_timeout"):
+            g.set_timeout(bad)
+    g.set_timeout(datetime.timedelta(seconds=deadline))
     if ME != N - 1:
         t0 = time.monotonic()
         e = expect(
@@ -701,9 +708,10 @@ def test_a_timed_out_mpi_call_never_writes_the_tensor_reused_after_it(groups):
     gives up (0.5 s deadline) and reuses its tensor; rank 1 sends late, and the library
     completes rank 0's receive while rank 0 makes other MPI calls: it writes the old storage
     (quarantined; the test holds it to see the write land), never the tensor rank 0 reuses."""
-    g = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=0.5))
+    g = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=60))
     if ME > 1:
         return
+    g.set_timeout(datetime.timedelta(seconds=0.5))
     n = 1000
     if ME == 1:
         time.sleep(1.0)
