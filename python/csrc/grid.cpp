@@ -5,7 +5,11 @@
 #include <pybind11/stl.h>
 #include <pythread.h>
 
+#include <array>
 #include <atomic>
+#include <bitset>
+#include <utility>
+#include <vector>
 
 #include <mpi.h>
 
@@ -462,6 +466,199 @@ void bindGatherScatter(CommunicatorClass& c) {
       });
 }
 
+// The hot paths of fourd.distributed's ProcessGroup: a blocking all_reduce (in place),
+// all_gather_into_tensor or reduce_scatter_tensor of contiguous CPU torch tensors whose
+// (collective, dtype, op) went through the backend's general path once (learn()). Each is one
+// call from the backend's method: the tensors and torch's options object are read here through
+// their Python attributes (the extension never links libtorch), which saves the interpreter's
+// steps and the general binding's fifteen argument conversions. False (nothing done, no error):
+// the call is not such a one, and the method takes the general path, which also words errors.
+class TorchCalls {
+ public:
+  static constexpr int kKinds = 3;  // 0 all_reduce, 1 all_gather, 2 reduce_scatter
+  static constexpr int kCodes = 32;
+  static constexpr int kOps = 16;
+
+  TorchCalls(py::object comm, int algorithm, double timeout, py::object tensorType,
+             py::dict dtypeCodes, py::dict opCodes)
+      : commObj_(std::move(comm)),
+        comm_(commObj_.cast<Communicator*>()),
+        algorithm_(algorithm),
+        timeout(timeout),
+        tensorType_(std::move(tensorType)) {
+    for (auto item : dtypeCodes) {
+      const int code = item.second.cast<int>();
+      if (code < 0 || code >= kCodes) throw fourd::InvalidArgument("TorchCalls: dtype code");
+      dtypes_.emplace_back(py::reinterpret_borrow<py::object>(item.first), code);
+    }
+    ops_.fill(-1);
+    for (auto item : opCodes) {
+      const int v = item.first.cast<int>();
+      if (v < 0 || v >= kOps) throw fourd::InvalidArgument("TorchCalls: op value");
+      ops_[v] = item.second.cast<int>();
+    }
+  }
+
+  void learn(int kind, py::handle dtype, int opValue) {
+    const int code = codeOf(dtype.ptr());
+    if (kind >= 0 && kind < kKinds && code >= 0 && opValue >= 0 && opValue < kOps &&
+        ops_[opValue] >= 0)
+      learned_[index(kind, code, opValue)] = true;
+  }
+
+  py::list learned() const {
+    py::list out;
+    for (int k = 0; k < kKinds; ++k)
+      for (int c = 0; c < kCodes; ++c)
+        for (int o = 0; o < kOps; ++o)
+          if (learned_[index(k, c, o)]) out.append(py::make_tuple(k, c, o));
+    return out;
+  }
+
+  bool allReduce(py::handle t, py::handle options) {
+    View v;
+    const int op = opValue(options);
+    if (op < 0 || !read(t, v) || !learned_[index(0, v.code, op)]) return false;
+    const CallOptions o = opts(algorithm_, timeout, false, false);
+    released([&] {
+      return comm_->allReduce(buf(v.ptr, v.count, v.code, 0, 0), buf(v.ptr, v.count, v.code, 0, 0),
+                              static_cast<fourd::ReduceOp>(ops_[op]), o);
+    });
+    return true;
+  }
+
+  bool allGather(py::handle out, py::handle in, py::handle options) {
+    View o, i;
+    if (!blocking(options) || !read(out, o) || !read(in, i) || o.code != i.code ||
+        !learned_[index(1, i.code, 0)])
+      return false;
+    const CallOptions c = opts(algorithm_, timeout, false, false);
+    released([&] {
+      return comm_->allGather(buf(i.ptr, i.count, i.code, 0, 0), buf(o.ptr, o.count, o.code, 0, 0),
+                              c);
+    });
+    return true;
+  }
+
+  bool reduceScatter(py::handle out, py::handle in, py::handle options) {
+    View o, i;
+    const int op = opValue(options);
+    if (op < 0 || !read(out, o) || !read(in, i) || o.code != i.code ||
+        !learned_[index(2, i.code, op)])
+      return false;
+    const CallOptions c = opts(algorithm_, timeout, false, false);
+    released([&] {
+      return comm_->reduceScatter(buf(i.ptr, i.count, i.code, 0, 0),
+                                  buf(o.ptr, o.count, o.code, 0, 0),
+                                  static_cast<fourd::ReduceOp>(ops_[op]), c);
+    });
+    return true;
+  }
+
+ private:
+  struct View {
+    uintptr_t ptr = 0;
+    size_t count = 0;
+    int code = -1;
+  };
+
+  static size_t index(int kind, int code, int op) {
+    return (static_cast<size_t>(kind) * kCodes + code) * kOps + op;
+  }
+
+  // Interned attribute names, made once (the GIL is held).
+  static PyObject* name(const char* s) { return PyUnicode_InternFromString(s); }
+  // A new reference to `o.<name>`, or to what its method `name` returns (nullptr, no error
+  // set, when it fails).
+  static py::object attr(py::handle o, PyObject* n) {
+    PyObject* r = PyObject_GetAttr(o.ptr(), n);
+    if (r == nullptr) PyErr_Clear();
+    return py::reinterpret_steal<py::object>(r);
+  }
+  static py::object call(py::handle o, PyObject* n) {
+    PyObject* r = PyObject_CallMethodNoArgs(o.ptr(), n);
+    if (r == nullptr) PyErr_Clear();
+    return py::reinterpret_steal<py::object>(r);
+  }
+
+  int codeOf(PyObject* dtype) const {
+    for (const auto& [d, code] : dtypes_)
+      if (d.ptr() == dtype) return code;
+    return -1;
+  }
+
+  static bool blocking(py::handle options) {
+    static PyObject* const asyncOp = name("asyncOp");
+    py::object a = attr(options, asyncOp);
+    return a && a.ptr() == Py_False;
+  }
+
+  // torch's RedOpType value of a blocking call's options.reduceOp (its hash: ReduceOp hashes to
+  // it, PREMUL_SUM to its own value whatever its factor), or -1 for one fourd has no hot path for.
+  int opValue(py::handle options) const {
+    if (!blocking(options)) return -1;
+    static PyObject* const reduceOp = name("reduceOp");
+    py::object r = attr(options, reduceOp);
+    if (!r) return -1;
+    const Py_hash_t h = PyObject_Hash(r.ptr());
+    if (h == -1) PyErr_Clear();
+    return h >= 0 && h < kOps && ops_[h] >= 0 ? static_cast<int>(h) : -1;
+  }
+
+  bool read(py::handle t, View& v) const {
+    if (Py_TYPE(t.ptr()) != reinterpret_cast<PyTypeObject*>(tensorType_.ptr())) return false;
+    // A tensor that requires grad is taken as its data (torch's backends do the same).
+    static PyObject* const isCpu = name("is_cpu");
+    static PyObject* const dtype = name("dtype");
+    static PyObject* const isContiguous = name("is_contiguous");
+    static PyObject* const dataPtr = name("data_ptr");
+    static PyObject* const numel = name("numel");
+    py::object cpu = attr(t, isCpu), dt = attr(t, dtype);
+    if (!cpu || cpu.ptr() != Py_True || !dt) return false;
+    v.code = codeOf(dt.ptr());
+    if (v.code < 0) return false;
+    py::object contiguous = call(t, isContiguous);
+    if (!contiguous || contiguous.ptr() != Py_True) return false;
+    py::object p = call(t, dataPtr), n = call(t, numel);
+    if (!p || !n) return false;
+    v.ptr = PyLong_AsSize_t(p.ptr());
+    v.count = PyLong_AsSize_t(n.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+
+  py::object commObj_;  // keeps the communicator (and its grid) alive
+  Communicator* comm_;
+  int algorithm_;
+
+ public:
+  double timeout;  // seconds (0: the grid's default); the group's set_timeout changes it
+
+ private:
+  py::object tensorType_;
+  std::vector<std::pair<py::object, int>> dtypes_;
+  std::array<int, kOps> ops_{};
+  std::bitset<kKinds * kCodes * kOps> learned_;
+};
+
+void bindTorchCalls(py::module_& m) {
+  py::class_<TorchCalls>(m, "TorchCalls")
+      .def(py::init<py::object, int, double, py::object, py::dict, py::dict>(), py::arg("comm"),
+           py::arg("algorithm"), py::arg("timeout"), py::arg("tensor_type"), py::arg("dtype_codes"),
+           py::arg("op_codes"))
+      .def_readwrite("timeout", &TorchCalls::timeout)
+      .def("learn", &TorchCalls::learn, py::arg("kind"), py::arg("dtype"), py::arg("op_value"),
+           "After a blocking call of (kind: 0 all_reduce, 1 all_gather, 2 reduce_scatter; "
+           "dtype; torch's RedOpType value, 0 for all_gather) went through the general path.")
+      .def("learned", &TorchCalls::learned, "(kind, dtype code, op value) of the hot paths made.")
+      .def("all_reduce", &TorchCalls::allReduce)
+      .def("all_gather", &TorchCalls::allGather)
+      .def("reduce_scatter", &TorchCalls::reduceScatter);
+}
+
 // The codec a call would use (Communicator::compression).
 void bindCompressionQuery(CommunicatorClass& c) {
   c.def(
@@ -712,5 +909,6 @@ void register_grid(py::module_& m) {
   bindSavedTuning(comm);
   bindCompressionQuery(comm);
   bindGrid(m);
+  bindTorchCalls(m);
 }
 }  // namespace fourd_py

@@ -130,20 +130,26 @@ def _op(reduce_op) -> str:
     return name
 
 
-# The hot-path keys of all_gather_single and reduce_scatter_single (allreduce's are plain).
-_AG_KEY = "all_gather_into_tensor"
-_RS_KEY = "reduce_scatter_tensor"
+# The hot paths' collectives (_C.TorchCalls.learn's kind).
+_HOT_ALL_REDUCE, _HOT_ALL_GATHER, _HOT_REDUCE_SCATTER = 0, 1, 2
 
 
-def _plain(output: torch.Tensor, input: torch.Tensor) -> bool:
-    """Whether a gather or scatter of these CPU tensors is one native call: contiguous, of one
-    dtype, neither requiring grad (the checks the hot paths skip are the native core's)."""
-    return (
-        output.dtype is input.dtype
-        and not output.requires_grad
-        and not input.requires_grad
-        and output.is_contiguous()
-        and input.is_contiguous()
+def _hot_calls(axis, timeout: float):
+    """The native hot paths of a group's blocking all_reduce, all_gather_into_tensor and
+    reduce_scatter_tensor (auto's algorithm, the group's deadline), taking torch's ops SUM,
+    AVG, PRODUCT, MIN and MAX by their RedOpType value."""
+    _tensor._torch_module()  # fills _tensor._TORCH_CODES
+    ops = {
+        getattr(dist.ReduceOp.RedOpType, name).value: _C.parse_op(name.lower(), "op")
+        for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
+    }
+    return _C.TorchCalls(
+        axis.communicator,
+        _C.parse_algorithm("auto", "algorithm"),
+        timeout,
+        torch.Tensor,
+        dict(_tensor._TORCH_CODES),
+        ops,
     )
 
 
@@ -622,9 +628,9 @@ class ProcessGroup(dist.ProcessGroup):
                 f"{self._mpi.Get_rank()} of its MPI communicator"
             )
         self._mpi_failure = None  # why the MPI calls of this group are aborted
-        # What the hot paths of allreduce, all_gather_single and reduce_scatter_single learnt
-        # from a blocking call that went through fourd's general path (_learn).
-        self._hot: dict = {}
+        # The hot paths of allreduce, all_gather_single and reduce_scatter_single: one native
+        # call each for a (collective, dtype, op) that went through fourd's general path once.
+        self._native = _hot_calls(self.fourd_axis, timeout)
         self._mpi_seq = 0
         self._store = store
         self._devices: dict = {}  # device type -> torch backend of a device map, or False
@@ -757,34 +763,23 @@ class ProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=_AR):
         # The hot path (blocking calls in a loop: Megatron's tensor-parallel all-reduces): a
         # blocking call on one contiguous CPU tensor of a dtype and op that went through once
-        # is one native call, without fourd.all_reduce's resolution (it took about 2 of the
-        # 6 us a call this backend added to fourd's own at 8 bytes on 2 ranks).
+        # is one native call (_hot_calls), without fourd.all_reduce's resolution.
         t = tensors[0] if len(tensors) == 1 else _one(tensors, "all_reduce")
-        reduce_op = opts.reduceOp
-        if t.is_cpu and not opts.asyncOp and not t.requires_grad:
-            hot = self._hot.get((t.dtype, reduce_op.op.value))
-            plan = hot and self._grid._calls.get((self.fourd_axis, hot[0], "auto"))
-            if plan is not None and t.is_contiguous():
-                p = t.data_ptr()
-                try:
-                    plan[0].all_reduce(
-                        p, p, t.numel(), hot[1], 0, 0, 0, plan[1], plan[2], self._timeout,
-                        False, False, None, "",
-                    )  # fmt: skip
-                except _FAILURES as e:
-                    _grid._quarantine(t)
-                    raise _failure(e) from e
+        try:
+            if self._native.all_reduce(t, opts):
                 return None
-        elif not t.is_cpu and self._elsewhere(t):
+        except _FAILURES as e:
+            _grid._quarantine(t)
+            raise _failure(e) from e
+        if not t.is_cpu and self._elsewhere(t):
             return self._elsewhere(t).allreduce(tensors, opts)
+        reduce_op = opts.reduceOp
         op = _OPS.get(reduce_op.op) or _op(reduce_op)
         buf = t.detach() if t.requires_grad else t
         try:
             if not opts.asyncOp:
                 self._grid.all_reduce(buf, self.fourd_axis, op, timeout=self._timeout)
-                code = _tensor._TORCH_CODES.get(t.dtype)
-                if code is not None and t.is_cpu and t.is_contiguous():
-                    self._learn((t.dtype, reduce_op.op.value), (op, code))
+                self._native.learn(_HOT_ALL_REDUCE, t.dtype, reduce_op.op.value)
                 return None
             w = self._grid.all_reduce(
                 buf, self.fourd_axis, op, async_op=True, timeout=self._timeout
@@ -792,14 +787,6 @@ class ProcessGroup(dist.ProcessGroup):
         except _FAILURES as e:
             raise _failure(e) from e
         return self._work("all_reduce", _FourdOp(w), tensors)
-
-    def _learn(self, key, value) -> None:
-        """After a blocking call went through fourd's general path: what the hot path of its
-        method needs to make the same call again in one native call (keys: allreduce's
-        (dtype, RedOpType value), all_gather_single's (_AG_KEY, dtype), reduce_scatter_single's
-        (_RS_KEY, dtype, RedOpType value))."""
-        if value is not None and len(self._hot) < 256:
-            self._hot[key] = value
 
     @_translated
     def allreduce_coalesced(self, tensors, opts=_ARC):
@@ -848,19 +835,12 @@ class ProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=_AG):
         # The hot path (FSDP's parameter gathers), as allreduce's.
-        if not opts.asyncOp and input.is_cpu and output.is_cpu:
-            code = self._hot.get((_AG_KEY, input.dtype))  # an int; 0 is one
-            plan = None if code is None else self._grid._calls.get((self.fourd_axis, "sum", "auto"))
-            if plan is not None and _plain(output, input):
-                try:
-                    plan[0].all_gather(
-                        input.data_ptr(), input.numel(), output.data_ptr(), output.numel(),
-                        code, 0, 0, 0, plan[2], self._timeout, False, None, "",
-                    )  # fmt: skip
-                except _FAILURES as e:
-                    _grid._quarantine(output, input)
-                    raise _failure(e) from e
+        try:
+            if self._native.all_gather(output, input, opts):
                 return None
+        except _FAILURES as e:
+            _grid._quarantine(output, input)
+            raise _failure(e) from e
         if other := self._route(input):
             return other._allgather_base(output, input, opts)
         try:
@@ -878,8 +858,8 @@ class ProcessGroup(dist.ProcessGroup):
             )
         except _FAILURES as e:
             raise _failure(e) from e
-        if not opts.asyncOp and _plain(output, input):
-            self._learn((_AG_KEY, input.dtype), _tensor._TORCH_CODES.get(input.dtype))
+        if not opts.asyncOp:
+            self._native.learn(_HOT_ALL_GATHER, input.dtype, 0)
         return w
 
     @_translated
@@ -932,21 +912,13 @@ class ProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=_RS):
         # The hot path (FSDP's gradient reductions), as allreduce's.
-        reduce_op = opts.reduceOp
-        if not opts.asyncOp and input.is_cpu and output.is_cpu:
-            hot = self._hot.get((_RS_KEY, input.dtype, reduce_op.op.value))
-            plan = hot and self._grid._calls.get((self.fourd_axis, hot[0], "auto"))
-            if plan is not None and _plain(output, input):
-                try:
-                    plan[0].reduce_scatter(
-                        input.data_ptr(), input.numel(), output.data_ptr(), output.numel(),
-                        hot[1], 0, 0, 0, plan[1], plan[2], self._timeout, False, False, None,
-                        "",
-                    )  # fmt: skip
-                except _FAILURES as e:
-                    _grid._quarantine(output, input)
-                    raise _failure(e) from e
+        try:
+            if self._native.reduce_scatter(output, input, opts):
                 return None
+        except _FAILURES as e:
+            _grid._quarantine(output, input)
+            raise _failure(e) from e
+        reduce_op = opts.reduceOp
         if other := self._route(input):
             return other._reduce_scatter_base(output, input, opts)
         op = _op(reduce_op)
@@ -966,9 +938,8 @@ class ProcessGroup(dist.ProcessGroup):
             )
         except _FAILURES as e:
             raise _failure(e) from e
-        code = _tensor._TORCH_CODES.get(input.dtype)
-        if not opts.asyncOp and code is not None and _plain(output, input):
-            self._learn((_RS_KEY, input.dtype, reduce_op.op.value), (op, code))
+        if not opts.asyncOp:
+            self._native.learn(_HOT_REDUCE_SCATTER, input.dtype, reduce_op.op.value)
         return w
 
     @_translated
@@ -1294,6 +1265,7 @@ class ProcessGroup(dist.ProcessGroup):
                 f"fourd: set_timeout: the timeout must be > 0; found {timeout}"
             )
         self._timeout = seconds
+        self._native.timeout = seconds
         for backend in self._devices.values():
             if backend:
                 backend._set_default_timeout(timeout)

@@ -237,13 +237,66 @@ def test_all_reduce_every_dtype_and_op(groups, name, async_op):
 
                 assert_same(*(run(call, grp, async_op) for grp in g[:2]))
         if not async_op:
-            assert {(d, o.value) for d in DTYPES for o in OPS} <= set(g[0]._hot), g[0]._hot
+            made = set(g[0]._native.learned())
+            codes = fourd._tensor._TORCH_CODES
+            assert {(0, codes[d], o.value) for d in DTYPES for o in OPS} <= made, made
     # AVG (gloo has none): the sum over the group size.
     t = values(me, 16, torch.float64)
     s = t.clone()
     run(lambda grp, a: (dist.all_reduce(t, dist.ReduceOp.AVG, grp, a), t), g[0], async_op)
     run(lambda grp, a: (dist.all_reduce(s, group=grp, async_op=a), s), g[1], async_op)
     assert_same(t, s / len(g[2]))
+
+
+@pytest.mark.parametrize("name", ["world", "reversed"])
+def test_hot_paths_take_only_their_calls(groups, name):
+    """Once float32 SUM went through, the native hot paths (one call from the backend's
+    method) take what they can and hand the rest to the general path, every result exact
+    against gloo: a tensor that requires grad (its data, as torch's
+    backends), a view into a larger buffer, an op not seen yet, a dtype pair that differs."""
+    _, g, ranks = groups[name]  # groups of every rank: a new one is collective over them
+    f = dist.new_group(ranks, sort_ranks=False)  # nothing learnt yet
+    n, me = len(ranks), dist.get_rank(f)
+    codes = fourd._tensor._TORCH_CODES
+    assert f._native.learned() == []
+    for grp in (f, g):  # learn float32 SUM for the three collectives
+        dist.all_reduce(values(me, 5), group=grp)
+        dist.all_gather_single(torch.empty(n * 5), values(me, 5), group=grp)
+        dist.reduce_scatter_single(torch.empty(5), values(me, n * 5), group=grp)
+    made = set(f._native.learned())
+    assert {(k, codes[torch.float32], 0) for k in range(3)} <= made, made
+    assert (0, codes[torch.float32], dist.ReduceOp.PRODUCT.value) not in made, made
+
+    def cases(group):
+        out = []
+        p = values(me, 9).requires_grad_()
+        dist.all_reduce(p, group=group)
+        assert p.requires_grad
+        out.append(p.detach())
+        big = values(me, 40)
+        dist.all_reduce(big[8:19], group=group)  # a view at an offset: only it changes
+        out.append(big)
+        m = values(me, 7, small=True)
+        dist.all_reduce(m, op=dist.ReduceOp.PRODUCT, group=group)
+        out.append(m)
+        ag = torch.zeros(n * 3 + 2)
+        src = values(me, 3).requires_grad_()
+        dist.all_gather_single(ag[1 : 1 + n * 3], src, group=group)
+        out.append(ag)
+        rs = torch.zeros(3)
+        dist.reduce_scatter_single(rs, values(me, n * 3, offset=1), dist.ReduceOp.MAX, group)
+        out.append(rs)
+        return out
+
+    assert_same(cases(f), cases(g))
+    made = set(f._native.learned())
+    assert (0, codes[torch.float32], dist.ReduceOp.PRODUCT.value) in made, made
+    assert (2, codes[torch.float32], dist.ReduceOp.MAX.value) in made, made
+    # The general path names what it does not take, on every rank before any data moves.
+    with pytest.raises(fourd.InvalidArgumentError, match="contiguous"):
+        dist.all_reduce(values(me, 24).view(4, 6).t(), group=f)
+    with pytest.raises(fourd.DTypeError, match="float64"):
+        dist.all_gather_single(torch.empty(n * 3, dtype=torch.float64), values(me, 3), group=f)
 
 
 @pytest.mark.parametrize("count", [0, 1, 7])
@@ -278,8 +331,9 @@ def test_gathers_scatters_and_broadcast(groups, name, async_op, count):
     for fn in (into_tensor, reduce_scatter_tensor):
         assert_same(run(fn, f, async_op), run(fn, g, async_op))
     if not async_op:
-        assert (fdist._AG_KEY, torch.int32) in f._hot, f._hot
-        assert (fdist._RS_KEY, torch.int64, dist.ReduceOp.SUM.value) in f._hot, f._hot
+        made, codes = set(f._native.learned()), fourd._tensor._TORCH_CODES
+        assert (fdist._HOT_ALL_GATHER, codes[torch.int32], 0) in made, made
+        assert (fdist._HOT_REDUCE_SCATTER, codes[torch.int64], 0) in made, made
     for root in range(n):
 
         def broadcast(group, a, root=root):
@@ -667,7 +721,7 @@ def test_a_rank_that_skips_a_collective(groups, warm):
     if warm:
         dist.all_reduce(a, group=g)
         assert (a == N).all(), a
-        assert g._hot, "the good call did not make allreduce's hot path"
+        assert g._native.learned(), "the good call did not make allreduce's hot path"
     for bad in (1.5, datetime.timedelta(0)):
         with pytest.raises(fourd.InvalidArgumentError, match="set_timeout"):
             g.set_timeout(bad)
