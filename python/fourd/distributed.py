@@ -136,13 +136,15 @@ _HOT_ALL_REDUCE, _HOT_ALL_GATHER, _HOT_REDUCE_SCATTER = 0, 1, 2
 
 def _hot_calls(axis, timeout: float):
     """The native hot paths of a group's blocking all_reduce, all_gather_into_tensor and
-    reduce_scatter_tensor (auto's algorithm, the group's deadline), taking torch's ops SUM,
-    AVG, PRODUCT, MIN and MAX by their RedOpType value."""
+    reduce_scatter_tensor (auto's algorithm, the group's deadline), taking every torch op
+    that fourd has by its RedOpType value."""
     _tensor._torch_module()  # fills _tensor._TORCH_CODES
-    ops = {
-        getattr(dist.ReduceOp.RedOpType, name).value: _C.parse_op(name.lower(), "op")
-        for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX")
-    }
+    ops = {}
+    for kind in dist.ReduceOp.RedOpType.__members__.values():
+        try:
+            ops[kind.value] = _C.parse_op(_op(kind), "op")
+        except InvalidArgumentError:  # BAND, PREMUL_SUM, ...: the general path says so
+            pass
     return _C.TorchCalls(
         axis.communicator,
         _C.parse_algorithm("auto", "algorithm"),

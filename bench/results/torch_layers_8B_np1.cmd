@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 1 .venv/bin/python -m mpi4py bench/torch_layers.py --bytes 8 --json bench/results/torch_layers_8B_np1.json
