@@ -8,6 +8,8 @@ times, interleaved in rounds after a barrier, the same blocking call made at eac
 
 - `fourd`: fourd's own call on numpy arrays over the same memory (`fourd.all_reduce(a,
   group)`, one native call for a known axis);
+- `fourd-t`: fourd's own call on the torch tensors (one native call too, reading the tensors'
+  attributes);
 - `native`: the backend's hot path alone (`ProcessGroup._native`, one native call that reads
   the tensors and torch's options object);
 - `method`: the backend's method as torch calls it (`pg.allreduce([t], opts)`, ...);
@@ -36,7 +38,7 @@ from torch.distributed.distributed_c10d import (
 import fourd
 import fourd.distributed  # noqa: F401  (registers the backend)
 
-LAYERS = ("fourd", "native", "method", "torch")
+LAYERS = ("fourd", "fourd-t", "native", "method", "torch")
 
 
 def calls(pg, count: int) -> dict:
@@ -58,18 +60,21 @@ def calls(pg, count: int) -> dict:
     return {
         "all_reduce": {
             "fourd": lambda: fourd.all_reduce(a_ar, ax),
+            "fourd-t": lambda: fourd.all_reduce(ar, ax),
             "native": lambda: pg._native.all_reduce(ar, o_ar),
             "method": lambda: pg.allreduce([ar], o_ar),
             "torch": lambda: dist.all_reduce(ar),
         },
         "all_gather": {
             "fourd": lambda: fourd.all_gather(a_ag, a_ag_in, ax),
+            "fourd-t": lambda: fourd.all_gather(ag, ag_in, ax),
             "native": lambda: pg._native.all_gather(ag, ag_in, o_ag),
             "method": lambda: pg.all_gather_single(ag, ag_in, o_ag),
             "torch": lambda: dist.all_gather_single(ag, ag_in),
         },
         "reduce_scatter": {
             "fourd": lambda: fourd.reduce_scatter(a_rs_out, a_rs_in, ax),
+            "fourd-t": lambda: fourd.reduce_scatter(rs_out, rs_in, ax),
             "native": lambda: pg._native.reduce_scatter(rs_out, rs_in, o_rs),
             "method": lambda: pg.reduce_scatter_single(rs_out, rs_in, o_rs),
             "torch": lambda: dist.reduce_scatter_single(rs_out, rs_in),

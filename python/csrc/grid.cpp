@@ -318,12 +318,84 @@ void bindCommunicatorInfo(CommunicatorClass& c) {
 }
 
 // The collectives, as Python resolves their buffers (grid.py is the only caller).
-// A C-contiguous buffer-protocol view of `obj` (numpy) and its dtype code, or false with no
-// Python error set when `obj` is not one fourd takes this way.
+// torch's Tensor type and dtype objects with fourd's dtype codes, registered by fourd._tensor
+// once the caller's torch is imported (set_torch); empty before. The references are kept for
+// the life of the process (never released, so nothing runs at interpreter shutdown).
+struct TorchRegistry {
+  PyObject* tensorType = nullptr;
+  std::vector<std::pair<PyObject*, int>> dtypes;
+};
+TorchRegistry gTorch;
+
+int torchCode(PyObject* dtype) {
+  for (const auto& [d, code] : gTorch.dtypes)
+    if (d == dtype) return code;
+  return -1;
+}
+
+// Interned attribute names, made once (the GIL is held).
+PyObject* attrName(const char* s) { return PyUnicode_InternFromString(s); }
+// A new reference to `o.<name>`, or to what its method `name` returns (nullptr, no error set,
+// when it fails).
+py::object attr(py::handle o, PyObject* n) {
+  PyObject* r = PyObject_GetAttr(o.ptr(), n);
+  if (r == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(r);
+}
+py::object callMethod(py::handle o, PyObject* n) {
+  PyObject* r = PyObject_CallMethodNoArgs(o.ptr(), n);
+  if (r == nullptr) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(r);
+}
+
+// A contiguous CPU torch.Tensor (exactly that type) of a fourd dtype, read through its Python
+// attributes (the extension never links libtorch): false, no error set, for anything else. One
+// that requires grad only where `grad` allows it (its data, as torch's backends take it).
+struct TensorView {
+  uintptr_t ptr = 0;
+  size_t count = 0;
+  int code = -1;
+  bool read(py::handle t, bool grad) {
+    if (gTorch.tensorType == nullptr ||
+        Py_TYPE(t.ptr()) != reinterpret_cast<PyTypeObject*>(gTorch.tensorType))
+      return false;
+    static PyObject* const isCpu = attrName("is_cpu");
+    static PyObject* const dtype = attrName("dtype");
+    static PyObject* const requiresGrad = attrName("requires_grad");
+    static PyObject* const isContiguous = attrName("is_contiguous");
+    static PyObject* const dataPtr = attrName("data_ptr");
+    static PyObject* const numel = attrName("numel");
+    py::object cpu = attr(t, isCpu), dt = attr(t, dtype);
+    if (!cpu || cpu.ptr() != Py_True || !dt) return false;
+    code = torchCode(dt.ptr());
+    if (code < 0) return false;
+    if (!grad) {
+      py::object g = attr(t, requiresGrad);
+      if (!g || g.ptr() != Py_False) return false;
+    }
+    py::object contiguous = callMethod(t, isContiguous);
+    if (!contiguous || contiguous.ptr() != Py_True) return false;
+    py::object p = callMethod(t, dataPtr), n = callMethod(t, numel);
+    if (!p || !n) return false;
+    ptr = PyLong_AsSize_t(p.ptr());
+    count = PyLong_AsSize_t(n.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  }
+};
+
+// What the blocking hot paths take in one native call: a C-contiguous buffer-protocol view of
+// `obj` (numpy), or a contiguous CPU torch tensor (TensorView; one fourd writes must not
+// require grad), and its dtype code; false with no Python error set when `obj` is neither.
 struct ArrayView {
   Py_buffer view{};
   bool held = false;
   int code = -1;
+  uintptr_t address = 0;
+  size_t elements = 0;
   ArrayView(const ArrayView&) = delete;
   ArrayView& operator=(const ArrayView&) = delete;
   ArrayView() = default;
@@ -331,6 +403,15 @@ struct ArrayView {
     if (held) PyBuffer_Release(&view);
   }
   bool get(py::handle obj, bool writable) {
+    if (gTorch.tensorType != nullptr &&
+        Py_TYPE(obj.ptr()) == reinterpret_cast<PyTypeObject*>(gTorch.tensorType)) {
+      TensorView t;
+      if (!t.read(obj, !writable)) return false;
+      address = t.ptr;
+      elements = t.count;
+      code = t.code;
+      return true;
+    }
     const int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj.ptr(), &view, flags) != 0) {
       PyErr_Clear();
@@ -338,10 +419,12 @@ struct ArrayView {
     }
     held = true;
     code = bufferDtype(view);
+    address = reinterpret_cast<uintptr_t>(view.buf);
+    elements = code >= 0 ? static_cast<size_t>(view.len / view.itemsize) : 0;
     return code >= 0;
   }
-  uintptr_t ptr() const { return reinterpret_cast<uintptr_t>(view.buf); }
-  size_t count() const { return static_cast<size_t>(view.len / view.itemsize); }
+  uintptr_t ptr() const { return address; }
+  size_t count() const { return elements; }
 };
 
 void bindReductions(CommunicatorClass& c) {
@@ -479,18 +562,11 @@ class TorchCalls {
   static constexpr int kCodes = 32;
   static constexpr int kOps = 16;
 
-  TorchCalls(py::object comm, int algorithm, double timeout, py::object tensorType,
-             py::dict dtypeCodes, py::dict opCodes)
+  TorchCalls(py::object comm, int algorithm, double timeout, py::dict opCodes)
       : commObj_(std::move(comm)),
         comm_(commObj_.cast<Communicator*>()),
         algorithm_(algorithm),
-        timeout(timeout),
-        tensorType_(std::move(tensorType)) {
-    for (auto item : dtypeCodes) {
-      const int code = item.second.cast<int>();
-      if (code < 0 || code >= kCodes) throw fourd::InvalidArgument("TorchCalls: dtype code");
-      dtypes_.emplace_back(py::reinterpret_borrow<py::object>(item.first), code);
-    }
+        timeout(timeout) {
     ops_.fill(-1);
     for (auto item : opCodes) {
       const int v = item.first.cast<int>();
@@ -500,7 +576,7 @@ class TorchCalls {
   }
 
   void learn(int kind, py::handle dtype, int opValue) {
-    const int code = codeOf(dtype.ptr());
+    const int code = torchCode(dtype.ptr());
     if (kind >= 0 && kind < kKinds && code >= 0 && opValue >= 0 && opValue < kOps &&
         ops_[opValue] >= 0)
       learned_[index(kind, code, opValue)] = true;
@@ -516,9 +592,9 @@ class TorchCalls {
   }
 
   bool allReduce(py::handle t, py::handle options) {
-    View v;
+    TensorView v;
     const int op = opValue(options);
-    if (op < 0 || !read(t, v) || !learned_[index(0, v.code, op)]) return false;
+    if (op < 0 || !v.read(t, true) || !learned_[index(0, v.code, op)]) return false;
     const CallOptions o = opts(algorithm_, timeout, false, false);
     released([&] {
       return comm_->allReduce(buf(v.ptr, v.count, v.code, 0, 0), buf(v.ptr, v.count, v.code, 0, 0),
@@ -528,8 +604,8 @@ class TorchCalls {
   }
 
   bool allGather(py::handle out, py::handle in, py::handle options) {
-    View o, i;
-    if (!blocking(options) || !read(out, o) || !read(in, i) || o.code != i.code ||
+    TensorView o, i;
+    if (!blocking(options) || !o.read(out, true) || !i.read(in, true) || o.code != i.code ||
         !learned_[index(1, i.code, 0)])
       return false;
     const CallOptions c = opts(algorithm_, timeout, false, false);
@@ -541,9 +617,9 @@ class TorchCalls {
   }
 
   bool reduceScatter(py::handle out, py::handle in, py::handle options) {
-    View o, i;
+    TensorView o, i;
     const int op = opValue(options);
-    if (op < 0 || !read(out, o) || !read(in, i) || o.code != i.code ||
+    if (op < 0 || !o.read(out, true) || !i.read(in, true) || o.code != i.code ||
         !learned_[index(2, i.code, op)])
       return false;
     const CallOptions c = opts(algorithm_, timeout, false, false);
@@ -556,39 +632,12 @@ class TorchCalls {
   }
 
  private:
-  struct View {
-    uintptr_t ptr = 0;
-    size_t count = 0;
-    int code = -1;
-  };
-
   static size_t index(int kind, int code, int op) {
     return (static_cast<size_t>(kind) * kCodes + code) * kOps + op;
   }
 
-  // Interned attribute names, made once (the GIL is held).
-  static PyObject* name(const char* s) { return PyUnicode_InternFromString(s); }
-  // A new reference to `o.<name>`, or to what its method `name` returns (nullptr, no error
-  // set, when it fails).
-  static py::object attr(py::handle o, PyObject* n) {
-    PyObject* r = PyObject_GetAttr(o.ptr(), n);
-    if (r == nullptr) PyErr_Clear();
-    return py::reinterpret_steal<py::object>(r);
-  }
-  static py::object call(py::handle o, PyObject* n) {
-    PyObject* r = PyObject_CallMethodNoArgs(o.ptr(), n);
-    if (r == nullptr) PyErr_Clear();
-    return py::reinterpret_steal<py::object>(r);
-  }
-
-  int codeOf(PyObject* dtype) const {
-    for (const auto& [d, code] : dtypes_)
-      if (d.ptr() == dtype) return code;
-    return -1;
-  }
-
   static bool blocking(py::handle options) {
-    static PyObject* const asyncOp = name("asyncOp");
+    static PyObject* const asyncOp = attrName("asyncOp");
     py::object a = attr(options, asyncOp);
     return a && a.ptr() == Py_False;
   }
@@ -597,37 +646,12 @@ class TorchCalls {
   // it, PREMUL_SUM to its own value whatever its factor), or -1 for one fourd has no hot path for.
   int opValue(py::handle options) const {
     if (!blocking(options)) return -1;
-    static PyObject* const reduceOp = name("reduceOp");
+    static PyObject* const reduceOp = attrName("reduceOp");
     py::object r = attr(options, reduceOp);
     if (!r) return -1;
     const Py_hash_t h = PyObject_Hash(r.ptr());
     if (h == -1) PyErr_Clear();
     return h >= 0 && h < kOps && ops_[h] >= 0 ? static_cast<int>(h) : -1;
-  }
-
-  bool read(py::handle t, View& v) const {
-    if (Py_TYPE(t.ptr()) != reinterpret_cast<PyTypeObject*>(tensorType_.ptr())) return false;
-    // A tensor that requires grad is taken as its data (torch's backends do the same).
-    static PyObject* const isCpu = name("is_cpu");
-    static PyObject* const dtype = name("dtype");
-    static PyObject* const isContiguous = name("is_contiguous");
-    static PyObject* const dataPtr = name("data_ptr");
-    static PyObject* const numel = name("numel");
-    py::object cpu = attr(t, isCpu), dt = attr(t, dtype);
-    if (!cpu || cpu.ptr() != Py_True || !dt) return false;
-    v.code = codeOf(dt.ptr());
-    if (v.code < 0) return false;
-    py::object contiguous = call(t, isContiguous);
-    if (!contiguous || contiguous.ptr() != Py_True) return false;
-    py::object p = call(t, dataPtr), n = call(t, numel);
-    if (!p || !n) return false;
-    v.ptr = PyLong_AsSize_t(p.ptr());
-    v.count = PyLong_AsSize_t(n.ptr());
-    if (PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-    return true;
   }
 
   py::object commObj_;  // keeps the communicator (and its grid) alive
@@ -638,17 +662,28 @@ class TorchCalls {
   double timeout;  // seconds (0: the grid's default); the group's set_timeout changes it
 
  private:
-  py::object tensorType_;
-  std::vector<std::pair<py::object, int>> dtypes_;
   std::array<int, kOps> ops_{};
   std::bitset<kKinds * kCodes * kOps> learned_;
 };
 
 void bindTorchCalls(py::module_& m) {
+  m.def(
+      "set_torch",
+      [](py::handle tensorType, py::dict dtypeCodes) {
+        if (gTorch.tensorType != nullptr) return;  // once a process: one torch
+        for (auto item : dtypeCodes) {
+          const int code = item.second.cast<int>();
+          if (code < 0 || code >= TorchCalls::kCodes)
+            throw fourd::InvalidArgument("set_torch: dtype code out of range");
+          gTorch.dtypes.emplace_back(item.first.inc_ref().ptr(), code);
+        }
+        gTorch.tensorType = tensorType.inc_ref().ptr();
+      },
+      py::arg("tensor_type"), py::arg("dtype_codes"),
+      "Registers torch.Tensor and torch's dtypes (fourd's codes) with the native hot paths.");
   py::class_<TorchCalls>(m, "TorchCalls")
-      .def(py::init<py::object, int, double, py::object, py::dict, py::dict>(), py::arg("comm"),
-           py::arg("algorithm"), py::arg("timeout"), py::arg("tensor_type"), py::arg("dtype_codes"),
-           py::arg("op_codes"))
+      .def(py::init<py::object, int, double, py::dict>(), py::arg("comm"), py::arg("algorithm"),
+           py::arg("timeout"), py::arg("op_codes"))
       .def_readwrite("timeout", &TorchCalls::timeout)
       .def("learn", &TorchCalls::learn, py::arg("kind"), py::arg("dtype"), py::arg("op_value"),
            "After a blocking call of (kind: 0 all_reduce, 1 all_gather, 2 reduce_scatter; "

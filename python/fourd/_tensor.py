@@ -30,6 +30,10 @@ for _name, _code in CODES.items():
 
 _torch = None
 _TORCH_CODES: dict = {}
+# The types the blocking hot paths' native calls (Communicator.*_array) read themselves: numpy
+# arrays, and torch.Tensor once torch is seen (a contiguous CPU tensor; the call returns False
+# for another, and the caller takes the general path).
+FAST_TYPES = {np.ndarray}
 _DEVICES = {"cpu": 0, "cuda": 1}
 
 
@@ -41,6 +45,8 @@ def _torch_module():
         if t is not None:
             _torch = t
             _TORCH_CODES.update({getattr(t, n): c for n, c in CODES.items() if hasattr(t, n)})
+            _C.set_torch(t.Tensor, _TORCH_CODES)  # the native hot paths take its tensors
+            FAST_TYPES.add(t.Tensor)
     return _torch
 
 

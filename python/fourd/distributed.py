@@ -138,21 +138,14 @@ def _hot_calls(axis, timeout: float):
     """The native hot paths of a group's blocking all_reduce, all_gather_into_tensor and
     reduce_scatter_tensor (auto's algorithm, the group's deadline), taking every torch op
     that fourd has by its RedOpType value."""
-    _tensor._torch_module()  # fills _tensor._TORCH_CODES
+    _tensor._torch_module()  # registers torch's tensor type and dtypes with the native side
     ops = {}
     for kind in dist.ReduceOp.RedOpType.__members__.values():
         try:
             ops[kind.value] = _C.parse_op(_op(kind), "op")
         except InvalidArgumentError:  # BAND, PREMUL_SUM, ...: the general path says so
             pass
-    return _C.TorchCalls(
-        axis.communicator,
-        _C.parse_algorithm("auto", "algorithm"),
-        timeout,
-        torch.Tensor,
-        dict(_tensor._TORCH_CODES),
-        ops,
-    )
+    return _C.TorchCalls(axis.communicator, _C.parse_algorithm("auto", "algorithm"), timeout, ops)
 
 
 def _one(tensors, what: str):

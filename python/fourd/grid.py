@@ -582,7 +582,7 @@ class Grid:
         if (
             not async_op
             and not codec
-            and type(tensor) is np.ndarray
+            and type(tensor) in _FAST_TYPES
             and _all_reduce_now((comm, opc, algc), tensor, output, timeout, accumulate_fp32)
         ):  # the first call of an axis, or a group's
             return None
@@ -639,15 +639,15 @@ class Grid:
         """output = the inputs of the group along `axis`, concatenated in group-rank order.
         `output` may also be a list of one tensor per group rank (torch's form)."""
         if (
-            type(output) is np.ndarray
-            and type(input) is np.ndarray
+            type(output) in _FAST_TYPES
+            and type(input) in _FAST_TYPES
             and async_op is False
             and compression is None
             and group is None
             and _all_gather_now(
                 _cached_plan(self._calls, (axis, "sum", algorithm)), output, input, timeout
             )
-        ):  # the common blocking numpy call of a known axis, in one native call
+        ):  # the common blocking call of a known axis (numpy, CPU torch), in one native call
             return None
         if group is not None:
             axis = _group_axis(group, axis)
@@ -705,8 +705,8 @@ class Grid:
         """Reduce `input` (group-size blocks) over the group; block i ends on group rank i.
         `input` may also be a list of one tensor per group rank (torch's form)."""
         if (
-            type(output) is np.ndarray
-            and type(input) is np.ndarray
+            type(output) in _FAST_TYPES
+            and type(input) in _FAST_TYPES
             and async_op is False
             and accumulate_fp32 is False
             and compression is None
@@ -714,7 +714,7 @@ class Grid:
             and _reduce_scatter_now(
                 _cached_plan(self._calls, (axis, op, algorithm)), output, input, timeout, False
             )
-        ):  # the common blocking numpy call of a known axis, in one native call
+        ):  # the common blocking call of a known axis (numpy, CPU torch), in one native call
             return None
         if group is not None:
             axis = _group_axis(group, axis)
@@ -967,10 +967,12 @@ def default_timeout() -> float:
 _QUARANTINE: list = []
 
 
-# The common blocking numpy calls, in one native call each, given the call's plan (comm, op
-# code, algorithm code; None when the axis is not planned yet): True when done; False when
-# there is no plan or the native call does not take these arrays (the caller then takes the
-# general path, which plans or names the problem).
+# The common blocking calls on numpy arrays and contiguous CPU torch tensors, in one native call
+# each, given the call's plan (comm, op code, algorithm code; None when the axis is not planned
+# yet): True when done; False when there is no plan or the native call does not take these
+# objects (the caller then takes the general path, which plans or names the problem). A torch
+# tensor fourd writes must not require grad there (the general path says why).
+_FAST_TYPES = _tensor.FAST_TYPES  # numpy arrays; torch.Tensor once torch is seen
 
 
 def _cached_plan(calls, key):
@@ -981,43 +983,18 @@ def _cached_plan(calls, key):
 
 
 def _all_reduce_now(plan, tensor, output, timeout, acc32) -> bool:
-    if plan is None:
+    if plan is None or type(tensor) not in _FAST_TYPES:
         return False
-    if type(tensor) is not np.ndarray:
-        return output is None and not acc32 and _all_reduce_tensor_now(plan, tensor, timeout)
     tmo = 0.0 if timeout is None else _timeout(timeout)
     try:
         if output is None:
             return plan[0].all_reduce_array(tensor, plan[1], plan[2], tmo, acc32)
-        if type(output) is np.ndarray:
+        if type(output) in _FAST_TYPES:
             return plan[0].all_reduce_into_array(output, tensor, plan[1], plan[2], tmo, acc32)
         return False
     except _FAILED:
         _quarantine(tensor, output)
         raise
-
-
-def _all_reduce_tensor_now(plan, tensor, timeout) -> bool:
-    """In place on a contiguous CPU torch tensor that does not require grad, with a plan
-    already made: one native call, without resolve()'s general checks (about 0.9 us of a 3.5 us
-    call of 8 bytes on 2 ranks). False: the general path, which also words the errors. Called
-    by _all_reduce_now with a plan."""
-    torch = _tensor._torch
-    if torch is None or type(tensor) is not torch.Tensor:
-        return False
-    code = _tensor._TORCH_CODES.get(tensor.dtype)
-    if code is None or not tensor.is_cpu or tensor.requires_grad or not tensor.is_contiguous():
-        return False
-    tmo = 0.0 if timeout is None else _timeout(timeout)
-    p = tensor.data_ptr()
-    try:
-        plan[0].all_reduce(
-            p, p, tensor.numel(), code, 0, 0, 0, plan[1], plan[2], tmo, False, False, None, ""
-        )
-    except _FAILED:
-        _quarantine(tensor)
-        raise
-    return True
 
 
 def _all_gather_now(plan, output, input, timeout) -> bool:
@@ -1043,13 +1020,13 @@ def _reduce_scatter_now(plan, output, input, timeout, acc32) -> bool:
 
 
 def _arrays_at_once(async_op, compression, output, input) -> bool:
-    """Whether a call with an output and an input is the common blocking numpy one that a
-    single native call (`*_array`) takes."""
+    """Whether a call with an output and an input is the common blocking one (numpy arrays,
+    torch tensors) that a single native call (`*_array`) may take."""
     return (
         not async_op
         and compression is None
-        and type(output) is np.ndarray
-        and type(input) is np.ndarray
+        and type(output) in _FAST_TYPES
+        and type(input) in _FAST_TYPES
     )
 
 

@@ -16,14 +16,14 @@ def test_torch_backend(n):
 
 
 def test_torch_layers_bench_on_two_ranks(tmp_path):
-    """bench/torch_layers.py, a short real run: every collective's four layers timed, in order,
+    """bench/torch_layers.py, a short real run: every collective's five layers timed, in order,
     each with its step over the one below, and the JSON with every round of each."""
     jp = tmp_path / "layers.json"
     argv = ["bench/torch_layers.py", "--bytes", "1024", "--iters", "20", "--rounds", "3"]
     r = run_mpi(2, argv + ["--json", str(jp)], timeout=300, env={"FOURD_CALIBRATE": "0"})
     lines = [line.split() for line in r.stdout.splitlines() if " median " in line]
     colls = ["all_reduce", "all_gather", "reduce_scatter"]
-    layers = ["fourd", "native", "method", "torch"]
+    layers = ["fourd", "fourd-t", "native", "method", "torch"]
     assert [(w[0], w[1]) for w in lines] == [(c, k) for c in colls for k in layers], r.stdout
     assert all(("over" in w) == (w[1] != "fourd") for w in lines), r.stdout
     doc = json.loads(jp.read_text())

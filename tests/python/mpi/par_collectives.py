@@ -290,3 +290,47 @@ def test_in_place_reduce_scatter(algorithm):
             want = oracle("sum", g.ranks(axis), count * p)[gr * count : (gr + 1) * count]
             check(buf[gr * count : (gr + 1) * count], want, "sum", torch.float32)
     fourd.finalize()
+
+
+def test_torch_hot_path_takes_only_what_it_may():
+    """A blocking call on CPU torch tensors of a planned axis is one native call that reads the
+    tensors itself. It must give the general path's results and errors: inputs that require
+    grad are read, views at an offset are used in place, a tensor subclass or a non-contiguous
+    tensor goes the general way, and an output that requires grad is refused (on every rank,
+    before anything is sent), each case twice so that the second call finds the plan made."""
+    g = fourd.init(x=2 if N % 2 == 0 else 1)
+    for axis in ("world", "x"):
+        p, gr, ranks = g.size(axis), g.rank(axis), g.ranks(axis)
+        for _ in range(2):
+            big = torch.zeros(3 + p * 5, dtype=torch.float64)
+            src = torch.from_numpy(values(ME, 5)).requires_grad_()
+            fourd.all_gather(big[3:], src, axis)  # an input that requires grad, a view at 3
+            assert torch.all(big[:3] == 0)
+            want = np.concatenate([values(r, 5) for r in ranks])
+            assert np.array_equal(big[3:].numpy(), want)
+
+            out = torch.zeros(7, dtype=torch.float64)
+            inp = torch.from_numpy(values(ME, 7 * p)).requires_grad_()
+            fourd.reduce_scatter(out, inp, axis, "max")
+            want = oracle("max", ranks, 7 * p)[gr * 7 : (gr + 1) * 7]
+            check(out, want, "max", torch.float64)
+
+            t = torch.nn.Parameter(torch.from_numpy(values(ME, 9)), requires_grad=False)
+            fourd.all_reduce(t, axis)  # a subclass of Tensor: the general path
+            check(t.detach(), oracle("sum", ranks, 9), "sum", torch.float64)
+
+            r = torch.zeros(11)
+            fourd.all_reduce(torch.from_numpy(values(ME, 11)).float().requires_grad_(), axis,
+                             output=r)  # fmt: skip
+            check(r, oracle("sum", ranks, 11), "sum", torch.float32)
+
+            with pytest.raises(fourd.InvalidArgumentError, match="requires grad"):
+                fourd.all_reduce(torch.ones(4, requires_grad=True), axis)
+            with pytest.raises(fourd.InvalidArgumentError, match="requires grad"):
+                fourd.all_gather(torch.zeros(p * 2, requires_grad=True), torch.ones(2), axis)
+            with pytest.raises(fourd.InvalidArgumentError, match="contiguous"):
+                fourd.all_reduce(torch.ones(4, 6).t(), axis)
+            empty = torch.zeros(0)
+            fourd.all_reduce(empty, axis)
+            fourd.all_gather(torch.zeros(0), empty, axis)
+    fourd.finalize()
