@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_gather,reduce_scatter -d float -b 1M -e 64M -f 2 -R 7 --algorithm auto --baseline all --json bench/results/torch_fourd_np2_gather_scatter_b.json
