@@ -142,9 +142,13 @@ def _hot_calls(axis, timeout: float):
     ops = {}
     for kind in dist.ReduceOp.RedOpType.__members__.values():
         try:
-            ops[kind.value] = _C.parse_op(_op(kind), "op")
+            code = _C.parse_op(_op(kind), "op")
         except InvalidArgumentError:  # BAND, PREMUL_SUM, ...: the general path says so
-            pass
+            continue
+        # The native side reads an op by its hash (torch's ReduceOp hashes to its RedOpType
+        # value): an op whose hash is not that is never taken there, so never misread.
+        if hash(dist.ReduceOp(kind)) == kind.value:
+            ops[kind.value] = code
     return _C.TorchCalls(axis.communicator, _C.parse_algorithm("auto", "algorithm"), timeout, ops)
 
 
