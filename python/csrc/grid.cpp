@@ -317,7 +317,6 @@ void bindCommunicatorInfo(CommunicatorClass& c) {
            "`reason`; Grid.group makes a poisoned group anew (docs/errors.md).");
 }
 
-// The collectives, as Python resolves their buffers (grid.py is the only caller).
 // torch's Tensor type and dtype objects with fourd's dtype codes, registered by fourd._tensor
 // once the caller's torch is imported (set_torch); empty before. The references are kept for
 // the life of the process (never released, so nothing runs at interpreter shutdown).
@@ -326,6 +325,11 @@ struct TorchRegistry {
   std::vector<std::pair<PyObject*, int>> dtypes;
 };
 TorchRegistry gTorch;
+
+bool isTorchTensor(py::handle t) {
+  return gTorch.tensorType != nullptr &&
+         Py_TYPE(t.ptr()) == reinterpret_cast<PyTypeObject*>(gTorch.tensorType);
+}
 
 int torchCode(PyObject* dtype) {
   for (const auto& [d, code] : gTorch.dtypes)
@@ -356,9 +360,7 @@ struct TensorView {
   size_t count = 0;
   int code = -1;
   bool read(py::handle t, bool grad) {
-    if (gTorch.tensorType == nullptr ||
-        Py_TYPE(t.ptr()) != reinterpret_cast<PyTypeObject*>(gTorch.tensorType))
-      return false;
+    if (!isTorchTensor(t)) return false;
     static PyObject* const isCpu = attrName("is_cpu");
     static PyObject* const dtype = attrName("dtype");
     static PyObject* const requiresGrad = attrName("requires_grad");
@@ -385,6 +387,7 @@ struct TensorView {
     }
     return true;
   }
+  Buffer cpu() const { return buf(ptr, count, code, 0, 0); }
 };
 
 // What the blocking hot paths take in one native call: a C-contiguous buffer-protocol view of
@@ -403,8 +406,7 @@ struct ArrayView {
     if (held) PyBuffer_Release(&view);
   }
   bool get(py::handle obj, bool writable) {
-    if (gTorch.tensorType != nullptr &&
-        Py_TYPE(obj.ptr()) == reinterpret_cast<PyTypeObject*>(gTorch.tensorType)) {
+    if (isTorchTensor(obj)) {
       TensorView t;
       if (!t.read(obj, !writable)) return false;
       address = t.ptr;
@@ -423,10 +425,10 @@ struct ArrayView {
     elements = code >= 0 ? static_cast<size_t>(view.len / view.itemsize) : 0;
     return code >= 0;
   }
-  uintptr_t ptr() const { return address; }
-  size_t count() const { return elements; }
+  Buffer cpu() const { return buf(address, elements, code, 0, 0); }
 };
 
+// The collectives, as Python resolves their buffers (grid.py is the only caller).
 void bindReductions(CommunicatorClass& c) {
   c.def("all_reduce",
         [](Communicator& c, uintptr_t in, uintptr_t out, size_t count, int dtype, int dev,
@@ -462,9 +464,7 @@ void bindReductions(CommunicatorClass& c) {
              if (!a.get(obj, true)) return false;
              const CallOptions o = opts(algorithm, timeout, false, acc32);
              released([&] {
-               return c.allReduce(buf(a.ptr(), a.count(), a.code, 0, 0),
-                                  buf(a.ptr(), a.count(), a.code, 0, 0),
-                                  static_cast<fourd::ReduceOp>(op), o);
+               return c.allReduce(a.cpu(), a.cpu(), static_cast<fourd::ReduceOp>(op), o);
              });
              return true;
            })
@@ -477,9 +477,7 @@ void bindReductions(CommunicatorClass& c) {
              if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
              const CallOptions opt = opts(algorithm, timeout, false, acc32);
              released([&] {
-               return c.allReduce(buf(i.ptr(), i.count(), i.code, 0, 0),
-                                  buf(o.ptr(), o.count(), o.code, 0, 0),
-                                  static_cast<fourd::ReduceOp>(op), opt);
+               return c.allReduce(i.cpu(), o.cpu(), static_cast<fourd::ReduceOp>(op), opt);
              });
              return true;
            });
@@ -494,10 +492,7 @@ void bindGatherScatter(CommunicatorClass& c) {
           ArrayView o, i;
           if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
           const CallOptions opt = opts(algorithm, timeout, false, false);
-          released([&] {
-            return c.allGather(buf(i.ptr(), i.count(), i.code, 0, 0),
-                               buf(o.ptr(), o.count(), o.code, 0, 0), opt);
-          });
+          released([&] { return c.allGather(i.cpu(), o.cpu(), opt); });
           return true;
         });
   c.def("reduce_scatter_array", [](Communicator& c, py::handle out, py::handle in, int op,
@@ -505,11 +500,8 @@ void bindGatherScatter(CommunicatorClass& c) {
     ArrayView o, i;
     if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
     const CallOptions opt = opts(algorithm, timeout, false, acc32);
-    released([&] {
-      return c.reduceScatter(buf(i.ptr(), i.count(), i.code, 0, 0),
-                             buf(o.ptr(), o.count(), o.code, 0, 0),
-                             static_cast<fourd::ReduceOp>(op), opt);
-    });
+    released(
+        [&] { return c.reduceScatter(i.cpu(), o.cpu(), static_cast<fourd::ReduceOp>(op), opt); });
     return true;
   });
   c.def("all_gather",
@@ -597,8 +589,7 @@ class TorchCalls {
     if (op < 0 || !v.read(t, true) || !learned_[index(0, v.code, op)]) return false;
     const CallOptions o = opts(algorithm_, timeout, false, false);
     released([&] {
-      return comm_->allReduce(buf(v.ptr, v.count, v.code, 0, 0), buf(v.ptr, v.count, v.code, 0, 0),
-                              static_cast<fourd::ReduceOp>(ops_[op]), o);
+      return comm_->allReduce(v.cpu(), v.cpu(), static_cast<fourd::ReduceOp>(ops_[op]), o);
     });
     return true;
   }
@@ -609,10 +600,7 @@ class TorchCalls {
         !learned_[index(1, i.code, 0)])
       return false;
     const CallOptions c = opts(algorithm_, timeout, false, false);
-    released([&] {
-      return comm_->allGather(buf(i.ptr, i.count, i.code, 0, 0), buf(o.ptr, o.count, o.code, 0, 0),
-                              c);
-    });
+    released([&] { return comm_->allGather(i.cpu(), o.cpu(), c); });
     return true;
   }
 
@@ -624,9 +612,7 @@ class TorchCalls {
       return false;
     const CallOptions c = opts(algorithm_, timeout, false, false);
     released([&] {
-      return comm_->reduceScatter(buf(i.ptr, i.count, i.code, 0, 0),
-                                  buf(o.ptr, o.count, o.code, 0, 0),
-                                  static_cast<fourd::ReduceOp>(ops_[op]), c);
+      return comm_->reduceScatter(i.cpu(), o.cpu(), static_cast<fourd::ReduceOp>(ops_[op]), c);
     });
     return true;
   }

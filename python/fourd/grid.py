@@ -582,7 +582,6 @@ class Grid:
         if (
             not async_op
             and not codec
-            and type(tensor) in _FAST_TYPES
             and _all_reduce_now((comm, opc, algc), tensor, output, timeout, accumulate_fp32)
         ):  # the first call of an axis, or a group's
             return None
