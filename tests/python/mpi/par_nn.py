@@ -6,9 +6,10 @@ are built from the full weights of a torch.nn reference model that every rank al
 full batch. Two training steps (forward, backward, sync_gradients, SGD) are compared: the
 forward output, every parameter gradient and the input gradient must equal the reference's
 corresponding shard (float32, rtol 1e-5), without overlap and with all of OAR, ORS, OAG
-(depth 2) and data-parallel buckets during backward at once on every grid, and with each of
-them alone (OAG at depths 1 and 2) on the grids where it has communication to overlap. The
-MLP uses a summed loss, the transformer a mean loss with sync_gradients(average=True).
+(depth 2) and data-parallel buckets during backward at once on every grid, and (the transformer
+block, which has every kind of call the MLP has) with each of them alone (OAG at depths 1 and
+2) on the grids where it has communication to overlap. The MLP uses a summed loss, the
+transformer a mean loss with sync_gradients(average=True).
 """
 
 import math
@@ -287,8 +288,10 @@ CASES = pytest.mark.parametrize(
 )
 
 
-@CASES
+@pytest.mark.parametrize("cfg", ["none", "all"])
 def test_mlp_block(grid, cfg):
+    """The MLP pair on its own (the input sliced over x, no scatter or gather), without overlap
+    and with every option at once; the transformer block below runs each option alone."""
     run_case(grid, "mlp", cfg)
 
 
