@@ -558,15 +558,30 @@ class Grid:
         axis (an axis, a fourd group, or a torch ProcessGroup of fourd's backend).
         `compression`: a codec for this call (docs/compression.md); None: the grid's policy."""
         if (
-            async_op is False
+            timeout is None
+            and async_op is False
             and accumulate_fp32 is False
             and compression is None
             and group is None
-            and _all_reduce_now(
-                _cached_plan(self._calls, (axis, op, algorithm)), tensor, output, timeout, False
-            )
+            and type(tensor) in _FAST_TYPES
         ):  # the common blocking call of a known axis (numpy, CPU torch), in one native call
-            return None
+            try:
+                plan = self._calls.get((axis, op, algorithm))
+            except TypeError:  # an unhashable axis (a list): the general path
+                plan = None
+            if plan is not None:
+                try:
+                    if output is None:
+                        done = plan[0].all_reduce_array(tensor, plan[1], plan[2], 0.0, False)
+                    else:
+                        done = type(output) in _FAST_TYPES and plan[0].all_reduce_into_array(
+                            output, tensor, plan[1], plan[2], 0.0, False
+                        )
+                except _FAILED:
+                    _quarantine(tensor, output)
+                    raise
+                if done:
+                    return None
         if group is not None:
             axis = _group_axis(group, axis)
         if async_op is not False and async_op is not True:
@@ -586,27 +601,9 @@ class Grid:
         ):  # the first call of an axis, or a group's
             return None
         if output is None:
-            p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
-            try:
-                return comm.all_reduce(
-                    p,
-                    p,
-                    n,
-                    dt,
-                    dev,
-                    idx,
-                    st,
-                    opc,
-                    algc,
-                    tmo,
-                    async_op,
-                    accumulate_fp32,
-                    tensor if async_op else None,
-                    codec,
-                )
-            except _FAILED:
-                _quarantine(tensor)
-                raise
+            return _all_reduce_in_place(
+                comm, tensor, opc, algc, tmo, async_op, accumulate_fp32, codec
+            )
         return _all_reduce_into(
             comm, tensor, output, opc, algc, tmo, async_op, accumulate_fp32, codec
         )
@@ -638,16 +635,25 @@ class Grid:
         """output = the inputs of the group along `axis`, concatenated in group-rank order.
         `output` may also be a list of one tensor per group rank (torch's form)."""
         if (
-            type(output) in _FAST_TYPES
-            and type(input) in _FAST_TYPES
+            timeout is None
             and async_op is False
             and compression is None
             and group is None
-            and _all_gather_now(
-                _cached_plan(self._calls, (axis, "sum", algorithm)), output, input, timeout
-            )
+            and type(output) in _FAST_TYPES
+            and type(input) in _FAST_TYPES
         ):  # the common blocking call of a known axis (numpy, CPU torch), in one native call
-            return None
+            try:
+                plan = self._calls.get((axis, "sum", algorithm))
+            except TypeError:  # an unhashable axis (a list): the general path
+                plan = None
+            if plan is not None:
+                try:
+                    done = plan[0].all_gather_array(output, input, plan[2], 0.0)
+                except _FAILED:
+                    _quarantine(output, input)
+                    raise
+                if done:
+                    return None
         if group is not None:
             axis = _group_axis(group, axis)
         if isinstance(output, (list, tuple)):
@@ -704,17 +710,26 @@ class Grid:
         """Reduce `input` (group-size blocks) over the group; block i ends on group rank i.
         `input` may also be a list of one tensor per group rank (torch's form)."""
         if (
-            type(output) in _FAST_TYPES
-            and type(input) in _FAST_TYPES
+            timeout is None
             and async_op is False
             and accumulate_fp32 is False
             and compression is None
             and group is None
-            and _reduce_scatter_now(
-                _cached_plan(self._calls, (axis, op, algorithm)), output, input, timeout, False
-            )
+            and type(output) in _FAST_TYPES
+            and type(input) in _FAST_TYPES
         ):  # the common blocking call of a known axis (numpy, CPU torch), in one native call
-            return None
+            try:
+                plan = self._calls.get((axis, op, algorithm))
+            except TypeError:  # an unhashable axis (a list): the general path
+                plan = None
+            if plan is not None:
+                try:
+                    done = plan[0].reduce_scatter_array(output, input, plan[1], plan[2], 0.0, False)
+                except _FAILED:
+                    _quarantine(output, input)
+                    raise
+                if done:
+                    return None
         if group is not None:
             axis = _group_axis(group, axis)
         if isinstance(input, (list, tuple)):
@@ -886,6 +901,31 @@ class Grid:
         return f"fourd.Grid({s}, order='{self._order}', rank {self._rank}/{self.world_size})"
 
 
+def _all_reduce_in_place(comm, tensor, opc, algc, tmo, async_op, accumulate_fp32, codec):
+    """Grid.all_reduce in place, the general path."""
+    p, n, dt, dev, idx, st = resolve(tensor, "tensor", True)
+    try:
+        return comm.all_reduce(
+            p,
+            p,
+            n,
+            dt,
+            dev,
+            idx,
+            st,
+            opc,
+            algc,
+            tmo,
+            async_op,
+            accumulate_fp32,
+            tensor if async_op else None,
+            codec,
+        )
+    except _FAILED:
+        _quarantine(tensor)
+        raise
+
+
 def _all_reduce_into(comm, tensor, output, opc, algc, tmo, async_op, accumulate_fp32, codec):
     """Grid.all_reduce out of place."""
     ip, n, dt, dev, idx, st = resolve(tensor, "tensor", False)
@@ -972,13 +1012,6 @@ _QUARANTINE: list = []
 # objects (the caller then takes the general path, which plans or names the problem). A torch
 # tensor fourd writes must not require grad there (the general path says why).
 _FAST_TYPES = _tensor.FAST_TYPES  # numpy arrays; torch.Tensor once torch is seen
-
-
-def _cached_plan(calls, key):
-    try:
-        return calls.get(key)
-    except TypeError:  # an unhashable axis (a list): the general path
-        return None
 
 
 def _all_reduce_now(plan, tensor, output, timeout, acc32) -> bool:
