@@ -3,11 +3,17 @@
 
 #include <pybind11/pybind11.h>
 
+#include <exception>
+
 #include "fourd/topology.hpp"
 
 namespace fourd_py {
 
 void register_errors(pybind11::module_& m);
+/// Sets the Python error of a C++ exception as the registered translators do (errors.cpp):
+/// fourd's classes, then pybind11's error_already_set restored, std::bad_alloc as MemoryError,
+/// anything else as RuntimeError. For code that does not go through pybind11's dispatch.
+void setPythonError(std::exception_ptr p);
 void register_vocabulary(pybind11::module_& m);  // vocabulary.cpp: names, ProcessGrid, Topology
 void register_grid(pybind11::module_& m);
 void register_compression(pybind11::module_& m);  // compression.cpp: codecs and policies

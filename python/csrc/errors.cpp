@@ -3,7 +3,9 @@
 // TimeoutError in plain Python.
 #include <pybind11/pybind11.h>
 
+#include <exception>
 #include <map>
+#include <new>
 #include <string>
 
 #include "bindings.hpp"
@@ -28,31 +30,51 @@ void raise(const char* key, const char* what) {
 }
 }  // namespace
 
+bool setFourdError(std::exception_ptr p) {
+  if (!p) return false;
+  try {
+    std::rethrow_exception(p);
+  } catch (const fourd::InvalidArgument& e) {
+    raise("InvalidArgument", e.what());
+  } catch (const fourd::TypeMismatch& e) {
+    raise("TypeMismatch", e.what());
+  } catch (const fourd::TimeoutError& e) {
+    raise("TimeoutError", e.what());
+  } catch (const fourd::AbortedError& e) {
+    raise("AbortedError", e.what());
+  } catch (const fourd::MismatchError& e) {
+    raise("MismatchError", e.what());
+  } catch (const fourd::BackendError& e) {
+    raise("BackendError", e.what());
+  } catch (const fourd::Error& e) {
+    raise("Error", e.what());
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+void setPythonError(std::exception_ptr p) {
+  if (setFourdError(p)) return;
+  try {
+    std::rethrow_exception(p);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "fourd: an unknown C++ exception");
+  }
+}
+
 void register_errors(py::module_& m) {
   m.def("set_error_classes", [](py::dict d) {
     for (auto item : d)
       (*gClasses)[py::str(item.first)] = py::reinterpret_borrow<py::object>(item.second);
   });
-  py::register_exception_translator([](std::exception_ptr p) {
-    if (!p) return;
-    try {
-      std::rethrow_exception(p);
-    } catch (const fourd::InvalidArgument& e) {
-      raise("InvalidArgument", e.what());
-    } catch (const fourd::TypeMismatch& e) {
-      raise("TypeMismatch", e.what());
-    } catch (const fourd::TimeoutError& e) {
-      raise("TimeoutError", e.what());
-    } catch (const fourd::AbortedError& e) {
-      raise("AbortedError", e.what());
-    } catch (const fourd::MismatchError& e) {
-      raise("MismatchError", e.what());
-    } catch (const fourd::BackendError& e) {
-      raise("BackendError", e.what());
-    } catch (const fourd::Error& e) {
-      raise("Error", e.what());
-    }
-  });
+  py::register_exception_translator([](std::exception_ptr p) { setFourdError(p); });
 }
 
 }  // namespace fourd_py

@@ -34,7 +34,18 @@ from .errors import (
     NotInitializedError,
     TimeoutError,
 )
-from .grid import Explanation, Grid, Subgroup, finalize, get_grid, init, is_initialized
+from .grid import (  # _FAILED, _FAST_TYPES, _quarantine: the hot paths below
+    _FAILED,
+    _FAST_TYPES,
+    Explanation,
+    Grid,
+    Subgroup,
+    _quarantine,
+    finalize,
+    get_grid,
+    init,
+    is_initialized,
+)
 
 _C.set_error_classes(_NATIVE_CLASSES)
 
@@ -80,6 +91,30 @@ def all_reduce(
     Returns a Work when async_op=True, else None.
     """
     g = _grid._current if grid is None else grid
+    if (
+        g is not None
+        and timeout is None
+        and async_op is False
+        and accumulate_fp32 is False
+        and compression is None
+        and group is None
+        and type(tensor) in _FAST_TYPES
+    ):  # Grid.all_reduce's hot path, without a second Python frame (see there)
+        try:
+            plan = g._calls.get((axis, op, algorithm))
+        except TypeError:  # an unhashable axis (a list): the general path
+            plan = None
+        if plan is not None:
+            try:
+                if output is None:
+                    done = plan[3].all_reduce(tensor)
+                else:
+                    done = type(output) in _FAST_TYPES and plan[3].all_reduce_into(output, tensor)
+            except _FAILED:
+                _quarantine(tensor, output)
+                raise
+            if done:
+                return None
     if g is None:
         g = _grid.get_grid()  # raises: no grid yet, or finalized
     return g.all_reduce(
@@ -112,6 +147,27 @@ def all_gather(
     list of one tensor per group rank (torch's form). compression: as all_reduce's (each
     block is encoded once, at its source)."""
     g = _grid._current if grid is None else grid
+    if (
+        g is not None
+        and timeout is None
+        and async_op is False
+        and compression is None
+        and group is None
+        and type(output) in _FAST_TYPES
+        and type(input) in _FAST_TYPES
+    ):  # Grid.all_gather's hot path, without a second Python frame (see there)
+        try:
+            plan = g._calls.get((axis, "sum", algorithm))
+        except TypeError:  # an unhashable axis (a list): the general path
+            plan = None
+        if plan is not None:
+            try:
+                done = plan[3].all_gather(output, input)
+            except _FAILED:
+                _quarantine(output, input)
+                raise
+            if done:
+                return None
     if g is None:
         g = _grid.get_grid()  # raises: no grid yet, or finalized
     return g.all_gather(
@@ -144,6 +200,28 @@ def reduce_scatter(
     form); the reduced block i ends on group rank i as `output`. compression: as
     all_reduce's."""
     g = _grid._current if grid is None else grid
+    if (
+        g is not None
+        and timeout is None
+        and async_op is False
+        and accumulate_fp32 is False
+        and compression is None
+        and group is None
+        and type(output) in _FAST_TYPES
+        and type(input) in _FAST_TYPES
+    ):  # Grid.reduce_scatter's hot path, without a second Python frame (see there)
+        try:
+            plan = g._calls.get((axis, op, algorithm))
+        except TypeError:  # an unhashable axis (a list): the general path
+            plan = None
+        if plan is not None:
+            try:
+                done = plan[3].reduce_scatter(output, input)
+            except _FAILED:
+                _quarantine(output, input)
+                raise
+            if done:
+                return None
     if g is None:
         g = _grid.get_grid()  # raises: no grid yet, or finalized
     return g.reduce_scatter(

@@ -572,10 +572,10 @@ class Grid:
             if plan is not None:
                 try:
                     if output is None:
-                        done = plan[0].all_reduce_array(tensor, plan[1], plan[2], 0.0, False)
+                        done = plan[3].all_reduce(tensor)
                     else:
-                        done = type(output) in _FAST_TYPES and plan[0].all_reduce_into_array(
-                            output, tensor, plan[1], plan[2], 0.0, False
+                        done = type(output) in _FAST_TYPES and plan[3].all_reduce_into(
+                            output, tensor
                         )
                 except _FAILED:
                     _quarantine(tensor, output)
@@ -589,9 +589,9 @@ class Grid:
         if accumulate_fp32 is not False and accumulate_fp32 is not True:
             accumulate_fp32 = _flag(accumulate_fp32, "accumulate_fp32")
         try:
-            comm, opc, algc = self._calls[(axis, op, algorithm)]
+            comm, opc, algc, _ = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
-            comm, opc, algc = self._plan_call(axis, op, algorithm)
+            comm, opc, algc, _ = self._plan_call(axis, op, algorithm)
         tmo = 0.0 if timeout is None else _timeout(timeout)
         codec = "" if compression is None else _codec_arg(compression)
         if (
@@ -609,10 +609,13 @@ class Grid:
         )
 
     def _plan_call(self, axis, op, algorithm):
+        """(communicator, op code, algorithm code, its _C.FastCalls: the blocking hot paths)."""
         if _is_op(axis):  # torch's habit: all_reduce(t, ReduceOp.SUM), the op where axis goes
-            plan = (self._comm_for("world"), _op_code(axis), _algo_code(algorithm))
+            comm, opc = self._comm_for("world"), _op_code(axis)
         else:
-            plan = (self._comm_for(axis), _op_code(op), _algo_code(algorithm))
+            comm, opc = self._comm_for(axis), _op_code(op)
+        algc = _algo_code(algorithm)
+        plan = (comm, opc, algc, _C.fast_calls(comm, opc, algc))
         try:
             if len(self._calls) < 256:
                 self._calls[(axis, op, algorithm)] = plan
@@ -648,7 +651,7 @@ class Grid:
                 plan = None
             if plan is not None:
                 try:
-                    done = plan[0].all_gather_array(output, input, plan[2], 0.0)
+                    done = plan[3].all_gather(output, input)
                 except _FAILED:
                     _quarantine(output, input)
                     raise
@@ -663,9 +666,9 @@ class Grid:
         if async_op is not False and async_op is not True:
             async_op = _flag(async_op, "async_op")
         try:
-            comm, _, algc = self._calls[(axis, "sum", algorithm)]
+            comm, _, algc, _ = self._calls[(axis, "sum", algorithm)]
         except (KeyError, TypeError):
-            comm, _, algc = self._plan_call(axis, "sum", algorithm)
+            comm, _, algc, _ = self._plan_call(axis, "sum", algorithm)
         if _arrays_at_once(async_op, compression, output, input) and _all_gather_now(
             (comm, 0, algc), output, input, timeout
         ):  # the first call of an axis, or a group's
@@ -724,7 +727,7 @@ class Grid:
                 plan = None
             if plan is not None:
                 try:
-                    done = plan[0].reduce_scatter_array(output, input, plan[1], plan[2], 0.0, False)
+                    done = plan[3].reduce_scatter(output, input)
                 except _FAILED:
                     _quarantine(output, input)
                     raise
@@ -739,9 +742,9 @@ class Grid:
         if accumulate_fp32 is not False and accumulate_fp32 is not True:
             accumulate_fp32 = _flag(accumulate_fp32, "accumulate_fp32")
         try:
-            comm, opc, algc = self._calls[(axis, op, algorithm)]
+            comm, opc, algc, _ = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
-            comm, opc, algc = self._plan_call(axis, op, algorithm)
+            comm, opc, algc, _ = self._plan_call(axis, op, algorithm)
         if _arrays_at_once(async_op, compression, output, input) and _reduce_scatter_now(
             (comm, opc, algc), output, input, timeout, accumulate_fp32
         ):  # the first call of an axis, or a group's

@@ -292,6 +292,58 @@ def test_in_place_reduce_scatter(algorithm):
     fourd.finalize()
 
 
+def test_numpy_hot_path_takes_only_what_it_may():
+    """A blocking call on numpy arrays of a planned axis is one native call (the plan's
+    _C.FastCalls) that reads the arrays' own fields: every dtype fourd has, C-contiguous, in
+    native byte order, the output writable. The hot path must answer True for exactly those
+    (and do the collective) and False, having done nothing, for the rest, which the general
+    path then runs or refuses: each case twice, so that the second call finds the plan."""
+    g = fourd.init(x=2 if N % 2 == 0 else 1)
+    for axis in ("world", "x"):
+        p, gr, ranks = g.size(axis), g.rank(axis), g.ranks(axis)
+        for _ in range(2):
+            for dt in NP_DTYPES + [np.longlong, np.intc]:
+                a = values(ME, 7).astype(dt)
+                fourd.all_reduce(a, axis)
+                check(a, oracle("sum", ranks, 7), "sum", dt)
+                out = np.zeros(p * 5, dt)
+                fourd.all_gather(out, values(ME, 5).astype(dt), axis)
+                check(out, np.concatenate([values(r, 5) for r in ranks]), "sum", dt)
+                rs = np.zeros(3, dt)
+                fourd.reduce_scatter(rs, values(ME, 3 * p).astype(dt), axis, "max")
+                check(rs, oracle("max", ranks, 3 * p)[gr * 3 : (gr + 1) * 3], "max", dt)
+            fast = g._calls[(axis, "sum", "auto")][3]
+            two_d = values(ME, 12).reshape(3, 4)  # C-contiguous, 2-D
+            assert fast.all_reduce(two_d) is True
+            check(two_d.ravel(), oracle("sum", ranks, 12), "sum", np.float64)
+            zero_d = np.array(float(ME + 1))
+            assert fast.all_reduce(zero_d) is True and zero_d == sum(r + 1 for r in ranks)
+            ro = values(ME, 4)  # a read-only input is fine, a read-only output is not
+            ro.flags.writeable = False
+            out = np.zeros(4 * p)
+            assert fast.all_gather(out, ro) is True
+            check(out, np.concatenate([values(r, 4) for r in ranks]), "sum", np.float64)
+            assert fast.all_reduce(ro) is False
+            with pytest.raises(fourd.InvalidArgumentError, match="writable"):
+                fourd.all_reduce(ro, axis)
+            fortran = np.asfortranarray(values(ME, 12).reshape(3, 4))
+            assert fast.all_reduce(fortran) is False
+            with pytest.raises(ValueError, match="C-contiguous"):
+                fourd.all_reduce(fortran, axis)
+            swapped = values(ME, 6).astype(">f8")  # not the native byte order
+            assert fast.all_reduce(swapped) is False
+            with pytest.raises((fourd.DTypeError, ValueError)):
+                fourd.all_reduce(swapped, axis)
+            for other in (np.uint16, np.bool_, np.complex64):
+                assert fast.all_reduce(np.zeros(4, other)) is False
+                with pytest.raises((fourd.DTypeError, ValueError)):
+                    fourd.all_reduce(np.zeros(4, other), axis)
+            mixed = np.zeros(4 * p, np.float32)  # output and input of different dtypes
+            assert fast.all_gather(mixed, values(ME, 4)) is False
+            assert fast.all_reduce([1.0]) is False
+    fourd.finalize()
+
+
 def test_torch_hot_path_takes_only_what_it_may():
     """A blocking call on CPU torch tensors of a planned axis is one native call that reads the
     tensors itself. It must give the general path's results and errors: inputs that require
