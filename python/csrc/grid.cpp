@@ -749,6 +749,14 @@ struct FastCallsObject {
   int algorithm;
 };
 
+// Made by fast_calls only (the type cannot be instantiated from Python); a null communicator
+// is refused all the same, rather than dereferenced.
+bool fastReady(const FastCallsObject* f) {
+  if (f->comm != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "fourd: FastCalls without a communicator");
+  return false;
+}
+
 PyObject* fastResult(bool done) {
   if (done) Py_RETURN_TRUE;
   Py_RETURN_FALSE;
@@ -761,8 +769,8 @@ bool fastArgs(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
 }
 
 PyObject* fastAllReduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (!fastArgs("all_reduce", nargs, 1)) return nullptr;
   auto* f = reinterpret_cast<FastCallsObject*>(self);
+  if (!fastArgs("all_reduce", nargs, 1) || !fastReady(f)) return nullptr;
   try {
     ArrayView a;
     if (!a.get(args[0], true)) return fastResult(false);
@@ -781,8 +789,8 @@ PyObject* fastAllReduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
 template <int kKind>
 PyObject* fastPair(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   static const char* const names[] = {"all_reduce_into", "all_gather", "reduce_scatter"};
-  if (!fastArgs(names[kKind], nargs, 2)) return nullptr;
   auto* f = reinterpret_cast<FastCallsObject*>(self);
+  if (!fastArgs(names[kKind], nargs, 2) || !fastReady(f)) return nullptr;
   try {
     ArrayView o, i;
     if (!o.get(args[0], true) || !i.get(args[1], false) || o.code != i.code) {
@@ -825,8 +833,8 @@ PyType_Slot gFastSlots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(fastDealloc)
                             {Py_tp_doc, const_cast<char*>("A planned call's blocking hot paths.")},
                             {0, nullptr}};
 
-PyType_Spec gFastSpec = {"fourd._C.FastCalls", sizeof(FastCallsObject), 0, Py_TPFLAGS_DEFAULT,
-                         gFastSlots};
+PyType_Spec gFastSpec = {"fourd._C.FastCalls", sizeof(FastCallsObject), 0,
+                         Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, gFastSlots};
 
 void bindFastCalls(py::module_& m) {
   auto type = py::reinterpret_steal<py::object>(PyType_FromSpec(&gFastSpec));

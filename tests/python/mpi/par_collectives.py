@@ -341,6 +341,8 @@ def test_numpy_hot_path_takes_only_what_it_may():
             mixed = np.zeros(4 * p, np.float32)  # output and input of different dtypes
             assert fast.all_gather(mixed, values(ME, 4)) is False
             assert fast.all_reduce([1.0]) is False
+    with pytest.raises(TypeError):
+        fourd._C.FastCalls()  # made by the grid's plans only
     fourd.finalize()
 
 
