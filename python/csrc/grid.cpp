@@ -391,6 +391,33 @@ struct TensorView {
   Buffer cpu() const { return buf(ptr, count, code, 0, 0); }
 };
 
+// fourd's dtype code of a numpy type number (-1: none fourd has); the C integer types by width.
+int numpyDtype(int typeNum) {
+  using api = py::detail::npy_api;
+  constexpr int kHalf = 23;  // NPY_HALF, which pybind11 does not name
+  auto integer = [](size_t bytes) { return bytes == 4 ? 6 : bytes == 8 ? 7 : -1; };
+  switch (typeNum) {
+    case api::NPY_FLOAT_:
+      return 0;
+    case api::NPY_DOUBLE_:
+      return 1;
+    case kHalf:
+      return 2;
+    case api::NPY_BYTE_:
+      return 4;
+    case api::NPY_UBYTE_:
+      return 5;
+    case api::NPY_INT_:
+      return integer(sizeof(int));
+    case api::NPY_LONG_:
+      return integer(sizeof(long));
+    case api::NPY_LONGLONG_:
+      return integer(sizeof(long long));
+    default:
+      return -1;
+  }
+}
+
 // What the blocking hot paths take in one native call: a C-contiguous buffer-protocol view of
 // `obj` (numpy), or a contiguous CPU torch tensor (TensorView; one fourd writes must not
 // require grad), and its dtype code; false with no Python error set when `obj` is neither.
@@ -442,34 +469,7 @@ struct ArrayView {
     if ((a->flags & need) != need) return false;
     const auto* d = py::detail::array_descriptor_proxy(a->descr);
     if (d->byteorder == '>') return false;
-    switch (d->type_num) {
-      case py::detail::npy_api::NPY_FLOAT_:
-        code = 0;
-        break;
-      case py::detail::npy_api::NPY_DOUBLE_:
-        code = 1;
-        break;
-      case 23:  // NPY_HALF
-        code = 2;
-        break;
-      case py::detail::npy_api::NPY_BYTE_:
-        code = 4;
-        break;
-      case py::detail::npy_api::NPY_UBYTE_:
-        code = 5;
-        break;
-      case py::detail::npy_api::NPY_INT_:
-        code = sizeof(int) == 4 ? 6 : -1;
-        break;
-      case py::detail::npy_api::NPY_LONG_:
-        code = sizeof(long) == 8 ? 7 : sizeof(long) == 4 ? 6 : -1;
-        break;
-      case py::detail::npy_api::NPY_LONGLONG_:
-        code = sizeof(long long) == 8 ? 7 : -1;
-        break;
-      default:
-        code = -1;
-    }
+    code = numpyDtype(d->type_num);
     if (code < 0) return false;
     size_t n = 1;
     for (int i = 0; i < a->nd; ++i) n *= static_cast<size_t>(a->dimensions[i]);
@@ -505,56 +505,10 @@ void bindReductions(CommunicatorClass& c) {
                                   static_cast<fourd::ReduceOp>(op), o);
              });
              return finish(std::move(w), async, std::move(keep));
-           })
-      .def("all_reduce_array",
-           // The blocking hot path of small messages: a writable C-contiguous buffer-protocol
-           // object (numpy) reduced in place in one call. False when the object is not one
-           // (torch tensors, other dtypes): the caller then takes the general path.
-           [](Communicator& c, py::handle obj, int op, int algorithm, double timeout, bool acc32) {
-             ArrayView a;
-             if (!a.get(obj, true)) return false;
-             const CallOptions o = opts(algorithm, timeout, false, acc32);
-             released([&] {
-               return c.allReduce(a.cpu(), a.cpu(), static_cast<fourd::ReduceOp>(op), o);
-             });
-             return true;
-           })
-      .def("all_reduce_into_array",
-           // all_reduce_array out of place: two numpy arrays of one dtype (the core checks the
-           // counts and the overlap). False as all_gather_array's.
-           [](Communicator& c, py::handle out, py::handle in, int op, int algorithm, double timeout,
-              bool acc32) {
-             ArrayView o, i;
-             if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
-             const CallOptions opt = opts(algorithm, timeout, false, acc32);
-             released([&] {
-               return c.allReduce(i.cpu(), o.cpu(), static_cast<fourd::ReduceOp>(op), opt);
-             });
-             return true;
            });
 }
 
 void bindGatherScatter(CommunicatorClass& c) {
-  // The blocking hot paths of small messages, as all_reduce_array: two numpy arrays of one
-  // dtype in one call. False when either is not such an array or the dtypes differ (the caller
-  // then takes the general path, which names the problem).
-  c.def("all_gather_array",
-        [](Communicator& c, py::handle out, py::handle in, int algorithm, double timeout) {
-          ArrayView o, i;
-          if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
-          const CallOptions opt = opts(algorithm, timeout, false, false);
-          released([&] { return c.allGather(i.cpu(), o.cpu(), opt); });
-          return true;
-        });
-  c.def("reduce_scatter_array", [](Communicator& c, py::handle out, py::handle in, int op,
-                                   int algorithm, double timeout, bool acc32) {
-    ArrayView o, i;
-    if (!o.get(out, true) || !i.get(in, false) || o.code != i.code) return false;
-    const CallOptions opt = opts(algorithm, timeout, false, acc32);
-    released(
-        [&] { return c.reduceScatter(i.cpu(), o.cpu(), static_cast<fourd::ReduceOp>(op), opt); });
-    return true;
-  });
   c.def("all_gather",
         [](Communicator& c, uintptr_t in, size_t inCount, uintptr_t out, size_t outCount, int dtype,
            int dev, int devIdx, uintptr_t stream, int algorithm, double timeout, bool async,
@@ -733,12 +687,12 @@ void bindTorchCalls(py::module_& m) {
 
 // ---- FastCalls: the blocking hot paths as plain CPython methods ------------------------------
 //
-// Grid.all_reduce / all_gather / reduce_scatter of numpy arrays or contiguous CPU torch
-// tensors, on an axis planned before, with the default deadline and no codec, call one of
-// these (one object per planned (axis, op, algorithm), its codes inside). Their arguments are
-// the buffers only, read by ArrayView as the pybind11 `*_array` methods read them, and the
-// answer is the same: True, done; False, nothing done, take the general path. What is left
-// out is pybind11's dispatch (the self cast, the overload walk, the argument loaders): on one
+// The blocking calls of Grid.all_reduce / all_gather / reduce_scatter on numpy arrays or
+// contiguous CPU torch tensors with no codec run through one of these (one object per planned
+// (axis, op, algorithm), its codes inside). Their arguments are the buffers, read by ArrayView,
+// then optionally the timeout and accumulate_fp32; the answer: True, done; False, nothing
+// done, take the general path. What is left out is pybind11's dispatch (the self cast, the
+// overload walk, the argument loaders): on one
 // rank, where the collective is a no-op, it was about 0.25 us of a 1 KiB call's 0.65 us of
 // native time, and every microsecond of a small call counts again for each rank that shares a
 // core. Errors are set as the registered translators set them (setPythonError).
@@ -762,19 +716,40 @@ PyObject* fastResult(bool done) {
   Py_RETURN_FALSE;
 }
 
-bool fastArgs(const char* name, Py_ssize_t nargs, Py_ssize_t want) {
-  if (nargs == want) return true;
-  PyErr_Format(PyExc_TypeError, "FastCalls.%s takes %zd arguments (%zd given)", name, want, nargs);
-  return false;
+// The optional arguments after the buffers: timeout (seconds, 0: the default deadline) and,
+// where the collective reduces, accumulate_fp32.
+struct FastOptions {
+  double timeout = 0.0;
+  bool acc32 = false;
+};
+
+bool fastArgs(const char* name, PyObject* const* args, Py_ssize_t nargs, Py_ssize_t buffers,
+              Py_ssize_t most, FastOptions* o) {
+  if (nargs < buffers || nargs > most) {
+    PyErr_Format(PyExc_TypeError, "FastCalls.%s takes %zd to %zd arguments (%zd given)", name,
+                 buffers, most, nargs);
+    return false;
+  }
+  if (nargs > buffers) {
+    o->timeout = PyFloat_AsDouble(args[buffers]);
+    if (o->timeout == -1.0 && PyErr_Occurred()) return false;
+  }
+  if (nargs > buffers + 1) {
+    const int t = PyObject_IsTrue(args[buffers + 1]);
+    if (t < 0) return false;
+    o->acc32 = t != 0;
+  }
+  return true;
 }
 
 PyObject* fastAllReduce(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   auto* f = reinterpret_cast<FastCallsObject*>(self);
-  if (!fastArgs("all_reduce", nargs, 1) || !fastReady(f)) return nullptr;
+  FastOptions fo;
+  if (!fastArgs("all_reduce", args, nargs, 1, 3, &fo) || !fastReady(f)) return nullptr;
   try {
     ArrayView a;
     if (!a.get(args[0], true)) return fastResult(false);
-    const CallOptions o = opts(f->algorithm, 0.0, false, false);
+    const CallOptions o = opts(f->algorithm, fo.timeout, false, fo.acc32);
     released([&] {
       return f->comm->allReduce(a.cpu(), a.cpu(), static_cast<fourd::ReduceOp>(f->op), o);
     });
@@ -790,13 +765,15 @@ template <int kKind>
 PyObject* fastPair(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   static const char* const names[] = {"all_reduce_into", "all_gather", "reduce_scatter"};
   auto* f = reinterpret_cast<FastCallsObject*>(self);
-  if (!fastArgs(names[kKind], nargs, 2) || !fastReady(f)) return nullptr;
+  FastOptions fo;
+  const Py_ssize_t most = kKind == 1 ? 3 : 4;  // all_gather reduces nothing
+  if (!fastArgs(names[kKind], args, nargs, 2, most, &fo) || !fastReady(f)) return nullptr;
   try {
     ArrayView o, i;
     if (!o.get(args[0], true) || !i.get(args[1], false) || o.code != i.code) {
       return fastResult(false);
     }
-    const CallOptions opt = opts(f->algorithm, 0.0, false, false);
+    const CallOptions opt = opts(f->algorithm, fo.timeout, false, fo.acc32);
     const auto op = static_cast<fourd::ReduceOp>(f->op);
     released([&] {
       if (kKind == 0) return f->comm->allReduce(i.cpu(), o.cpu(), op, opt);
@@ -819,13 +796,17 @@ void fastDealloc(PyObject* self) {
 
 PyMethodDef gFastMethods[] = {
     {"all_reduce", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fastAllReduce)),
-     METH_FASTCALL, "all_reduce(tensor) in place: True, done; False, take the general path."},
+     METH_FASTCALL,
+     "all_reduce(tensor[, timeout[, accumulate_fp32]]) in place: True, done; False, take the "
+     "general path."},
     {"all_reduce_into", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fastPair<0>)),
-     METH_FASTCALL, "all_reduce_into(output, input): as all_reduce, out of place."},
+     METH_FASTCALL,
+     "all_reduce_into(output, input[, timeout[, accumulate_fp32]]): as all_reduce, out of "
+     "place."},
     {"all_gather", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fastPair<1>)),
-     METH_FASTCALL, "all_gather(output, input): as all_reduce."},
+     METH_FASTCALL, "all_gather(output, input[, timeout]): as all_reduce."},
     {"reduce_scatter", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fastPair<2>)),
-     METH_FASTCALL, "reduce_scatter(output, input): as all_reduce."},
+     METH_FASTCALL, "reduce_scatter(output, input[, timeout[, accumulate_fp32]]): as all_reduce."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyType_Slot gFastSlots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(fastDealloc)},

@@ -589,15 +589,16 @@ class Grid:
         if accumulate_fp32 is not False and accumulate_fp32 is not True:
             accumulate_fp32 = _flag(accumulate_fp32, "accumulate_fp32")
         try:
-            comm, opc, algc, _ = self._calls[(axis, op, algorithm)]
+            plan = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
-            comm, opc, algc, _ = self._plan_call(axis, op, algorithm)
+            plan = self._plan_call(axis, op, algorithm)
+        comm, opc, algc, _ = plan
         tmo = 0.0 if timeout is None else _timeout(timeout)
         codec = "" if compression is None else _codec_arg(compression)
         if (
             not async_op
             and not codec
-            and _all_reduce_now((comm, opc, algc), tensor, output, timeout, accumulate_fp32)
+            and _all_reduce_now(plan, tensor, output, timeout, accumulate_fp32)
         ):  # the first call of an axis, or a group's
             return None
         if output is None:
@@ -666,11 +667,12 @@ class Grid:
         if async_op is not False and async_op is not True:
             async_op = _flag(async_op, "async_op")
         try:
-            comm, _, algc, _ = self._calls[(axis, "sum", algorithm)]
+            plan = self._calls[(axis, "sum", algorithm)]
         except (KeyError, TypeError):
-            comm, _, algc, _ = self._plan_call(axis, "sum", algorithm)
+            plan = self._plan_call(axis, "sum", algorithm)
+        comm, _, algc, _ = plan
         if _arrays_at_once(async_op, compression, output, input) and _all_gather_now(
-            (comm, 0, algc), output, input, timeout
+            plan, output, input, timeout
         ):  # the first call of an axis, or a group's
             return None
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
@@ -742,11 +744,12 @@ class Grid:
         if accumulate_fp32 is not False and accumulate_fp32 is not True:
             accumulate_fp32 = _flag(accumulate_fp32, "accumulate_fp32")
         try:
-            comm, opc, algc, _ = self._calls[(axis, op, algorithm)]
+            plan = self._calls[(axis, op, algorithm)]
         except (KeyError, TypeError):
-            comm, opc, algc, _ = self._plan_call(axis, op, algorithm)
+            plan = self._plan_call(axis, op, algorithm)
+        comm, opc, algc, _ = plan
         if _arrays_at_once(async_op, compression, output, input) and _reduce_scatter_now(
-            (comm, opc, algc), output, input, timeout, accumulate_fp32
+            plan, output, input, timeout, accumulate_fp32
         ):  # the first call of an axis, or a group's
             return None
         ip, ic, idt, dev, idx, st = resolve(input, "input", False)
@@ -1009,23 +1012,24 @@ def default_timeout() -> float:
 _QUARANTINE: list = []
 
 
-# The common blocking calls on numpy arrays and contiguous CPU torch tensors, in one native call
-# each, given the call's plan (comm, op code, algorithm code; None when the axis is not planned
-# yet): True when done; False when there is no plan or the native call does not take these
-# objects (the caller then takes the general path, which plans or names the problem). A torch
-# tensor fourd writes must not require grad there (the general path says why).
+# The common blocking calls on numpy arrays and contiguous CPU torch tensors with a timeout= or
+# accumulate_fp32=, or at the first call of a plan, in one native call each through the plan's
+# _C.FastCalls (the calls without either take it inline in the Grid methods and the module
+# functions): True when done; False when the native call does not take these objects (the
+# caller then takes the general path, which names the problem). A torch tensor fourd writes
+# must not require grad there (the general path says why).
 _FAST_TYPES = _tensor.FAST_TYPES  # numpy arrays; torch.Tensor once torch is seen
 
 
 def _all_reduce_now(plan, tensor, output, timeout, acc32) -> bool:
-    if plan is None or type(tensor) not in _FAST_TYPES:
+    if type(tensor) not in _FAST_TYPES:
         return False
     tmo = 0.0 if timeout is None else _timeout(timeout)
     try:
         if output is None:
-            return plan[0].all_reduce_array(tensor, plan[1], plan[2], tmo, acc32)
+            return plan[3].all_reduce(tensor, tmo, acc32)
         if type(output) in _FAST_TYPES:
-            return plan[0].all_reduce_into_array(output, tensor, plan[1], plan[2], tmo, acc32)
+            return plan[3].all_reduce_into(output, tensor, tmo, acc32)
         return False
     except _FAILED:
         _quarantine(tensor, output)
@@ -1033,22 +1037,18 @@ def _all_reduce_now(plan, tensor, output, timeout, acc32) -> bool:
 
 
 def _all_gather_now(plan, output, input, timeout) -> bool:
-    if plan is None:
-        return False
     tmo = 0.0 if timeout is None else _timeout(timeout)
     try:
-        return plan[0].all_gather_array(output, input, plan[2], tmo)
+        return plan[3].all_gather(output, input, tmo)
     except _FAILED:
         _quarantine(output, input)
         raise
 
 
 def _reduce_scatter_now(plan, output, input, timeout, acc32) -> bool:
-    if plan is None:
-        return False
     tmo = 0.0 if timeout is None else _timeout(timeout)
     try:
-        return plan[0].reduce_scatter_array(output, input, plan[1], plan[2], tmo, acc32)
+        return plan[3].reduce_scatter(output, input, tmo, acc32)
     except _FAILED:
         _quarantine(output, input)
         raise
@@ -1056,7 +1056,7 @@ def _reduce_scatter_now(plan, output, input, timeout, acc32) -> bool:
 
 def _arrays_at_once(async_op, compression, output, input) -> bool:
     """Whether a call with an output and an input is the common blocking one (numpy arrays,
-    torch tensors) that a single native call (`*_array`) may take."""
+    torch tensors) that a single native call (the plan's `_C.FastCalls`) may take."""
     return (
         not async_op
         and compression is None

@@ -54,7 +54,7 @@ def test_axis_and_op_and_algorithm(grid):
 
 def test_tensor_properties(grid):
     # Good calls first, so that every check below meets the cached plan of "x": the one-call
-    # path of CPU tensors (grid._all_reduce_tensor_now) must leave each of them to the general
+    # path of CPU tensors (the plan's _C.FastCalls) must leave each of them to the general
     # path and its error.
     want = sum(r + 1 for r in grid.ranks("x"))
     for dt in (torch.float32, torch.float64, torch.int32, torch.bfloat16):
