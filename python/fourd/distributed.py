@@ -49,6 +49,7 @@ from torch._C import _distributed_c10d as _c10d
 
 from . import _C, _tensor
 from . import grid as _grid
+from ._torch_group import _listening_store
 from .errors import (
     AbortedError,
     BackendError,
@@ -1448,31 +1449,6 @@ def _store_address(hosts: np.ndarray) -> str:
     except OSError:
         pass
     return host
-
-
-def _listening_store(addr: str, size: int, timeout):
-    """Rank 0's TCPStore listening on `addr` only (loopback when every rank shares this host;
-    TCPStore alone would listen on every interface): the socket is bound here and handed over.
-    Returns (store, port)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((addr, 0))
-        sock.listen(max(128, size))
-        port = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
-    store = dist.TCPStore(
-        addr,
-        port,
-        size,
-        True,
-        timeout=timeout,
-        wait_for_workers=False,
-        master_listen_fd=sock.detach(),
-    )
-    return store, port
 
 
 def _store_over_mpi(comm, timeout: datetime.timedelta, problem: str | None):

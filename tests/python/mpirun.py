@@ -68,15 +68,10 @@ def run_mpi(
     return result
 
 
-def run_mpi_pytest(
-    n: int,
-    files: list[str],
-    timeout: float = 600,
-    env: dict | None = None,
-    extra: list[str] | None = None,
-):
-    """Runs multi-rank pytest files (tests/python/mpi/par_*.py) on n ranks."""
-    args = [
+def pytest_args(files: list[str], extra: list[str] | None = None) -> list[str]:
+    """The interpreter arguments that run multi-rank pytest files (tests/python/mpi/par_*.py)
+    on every rank, after `python -m mpi4py`."""
+    return [
         "-m",
         "pytest",
         "-q",
@@ -89,7 +84,17 @@ def run_mpi_pytest(
         *(extra or []),
         *[str(MPI_DIR / f) for f in files],
     ]
-    r = run_mpi(n, args, timeout=timeout, env=env)
+
+
+def run_mpi_pytest(
+    n: int,
+    files: list[str],
+    timeout: float = 600,
+    env: dict | None = None,
+    extra: list[str] | None = None,
+):
+    """Runs multi-rank pytest files (tests/python/mpi/par_*.py) on n ranks."""
+    r = run_mpi(n, pytest_args(files, extra), timeout=timeout, env=env)
     assert " passed" in r.stdout, r.stdout[-4000:]
     assert " failed" not in r.stdout and " error" not in r.stdout.lower().split("passed")[-1], (
         r.stdout[-4000:]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pybind11
 
-from mpirun import MPI_DIR, ROOT
+from mpirun import ROOT, pytest_args
 
 # Open MPI refuses to run as root or to oversubscribe unless told (README, "Using another
 # MPI"); its UCX one-sided component can crash when windows are made on a progress thread.
@@ -104,28 +104,9 @@ def test_fourd_on_open_mpi(tmp_path):
     )
     info = _run([str(py), "-m", "fourd"], timeout=120)
     assert "Open MPI" in info and "**" not in info, info
-    suites = [
-        str(MPI_DIR / f) for f in ("par_collectives.py", "par_errors.py", "par_reliability.py")
-    ]
+    suites = ["par_collectives.py", "par_errors.py", "par_reliability.py"]
     out = _run(
-        [
-            str(bindir / "mpiexec"),
-            "-n",
-            "2",
-            str(py),
-            "-m",
-            "mpi4py",
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "python_files=par_*.py",
-            "--rootdir",
-            str(MPI_DIR),
-            *suites,
-        ],
+        [str(bindir / "mpiexec"), "-n", "2", str(py), "-m", "mpi4py", *pytest_args(suites)],
         timeout=900,
         env=OMPI_ENV,
         cwd=tmp_path,

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .cli import _finish
 from .report import plural
 
 PROG = "python -m fourd.bench.ddp"
@@ -592,7 +593,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         if rank == 0:
             print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        return _finish(MPI, world, 2)
+        return _finish(world, 2)
     doc = run(cfg, world)
     if rank == 0:
         print(report(doc), flush=True)
@@ -601,25 +602,7 @@ def main(argv=None) -> int:
                 json.dump(doc, f, indent=1)
                 f.write("\n")
             print(f"# wrote {cfg.json}", flush=True)
-    return _finish(MPI, world, 0 if doc["ok"] else 1)
-
-
-def _finish(MPI, world, rc: int) -> int:
-    """The exit status; for a non-zero one MPI is finalized here (fourd first), so that
-    mpi4py's runner (python -m mpi4py) exits with it instead of aborting every rank."""
-    if rc != 0:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            import fourd
-
-            fourd.finalize()
-        except Exception:  # noqa: BLE001, S110 - best effort at exit
-            pass
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            world.Barrier()
-            MPI.Finalize()
-    return rc
+    return _finish(world, 0 if doc["ok"] else 1)
 
 
 if __name__ == "__main__":

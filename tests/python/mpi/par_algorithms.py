@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
-from patterns import repeat_to
+from patterns import oracle, values
 
 import fourd
 
@@ -63,28 +63,6 @@ def rpn_values(n):
     if n >= 4:
         out.append(3)  # uneven: 3+1 on 4 ranks, 3+3+2 on 8
     return out
-
-
-def values(rank, count, offset=0):
-    """Per-rank integer values 1..4, exact in every dtype: element i is
-    (rank + 1 + i % 3) % 4 + 1, a pattern of period 3 (tiled, so large counts stay cheap)."""
-    pattern = np.array([(rank + 1 + (offset + i) % 3) % 4 + 1 for i in range(3)], np.float64)
-    return repeat_to(pattern, count)
-
-
-def oracle(op, ranks, count, offset=0):
-    vals = np.stack([values(r, 3, offset) for r in ranks])
-    if op == "sum":
-        out = vals.sum(0)
-    elif op == "prod":
-        out = vals.prod(0)
-    elif op == "min":
-        out = vals.min(0)
-    elif op == "max":
-        out = vals.max(0)
-    else:
-        out = vals.sum(0) / len(ranks)
-    return repeat_to(out, count)
 
 
 def is_float(dt):

@@ -13,7 +13,8 @@ import tempfile
 import numpy as np
 import pytest
 from mpi4py import MPI
-from par_algorithms import check, make, oracle, values
+from par_algorithms import check, make
+from patterns import oracle, values
 
 import fourd
 from fourd.profile import policy, store
