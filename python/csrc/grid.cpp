@@ -198,40 +198,50 @@ void waitWork(Work& w, py::object timeout) {
   if (auto e = w.error()) std::rethrow_exception(e);
 }
 
-// fourd's dtype code of a buffer-protocol view (fourd::DataType), or -1.
+// fourd's dtype code (fourd::DataType's value, as it crosses the binding).
+constexpr int dtypeCode(fourd::DataType t) { return static_cast<int>(t); }
+
+// The code of a signed integer type of `bytes` bytes (the C types map by width), or -1.
+constexpr int integerCode(size_t bytes) {
+  return bytes == 4   ? dtypeCode(fourd::DataType::kInt32)
+         : bytes == 8 ? dtypeCode(fourd::DataType::kInt64)
+                      : -1;
+}
+
+// fourd's dtype code of a buffer-protocol view, or -1.
 int bufferDtype(const Py_buffer& view) {
-  int code = -1;
+  using fourd::DataType;
+  int c = -1;
   const char* f = view.format ? view.format : "B";
   if (*f == '=' || *f == '<' || *f == '@') ++f;
-  const char c = f[0];
   const bool single = f[0] != '\0' && f[1] == '\0';
   if (single) {
-    switch (c) {
+    switch (f[0]) {
       case 'f':
-        code = view.itemsize == 4 ? 0 : -1;
+        c = view.itemsize == 4 ? dtypeCode(DataType::kFloat32) : -1;
         break;
       case 'd':
-        code = view.itemsize == 8 ? 1 : -1;
+        c = view.itemsize == 8 ? dtypeCode(DataType::kFloat64) : -1;
         break;
       case 'e':
-        code = view.itemsize == 2 ? 2 : -1;
+        c = view.itemsize == 2 ? dtypeCode(DataType::kFloat16) : -1;
         break;
       case 'b':
-        code = 4;
+        c = dtypeCode(DataType::kInt8);
         break;
       case 'B':
-        code = 5;
+        c = dtypeCode(DataType::kUInt8);
         break;
       case 'i':
       case 'l':
       case 'q':
-        code = view.itemsize == 4 ? 6 : view.itemsize == 8 ? 7 : -1;
+        c = integerCode(static_cast<size_t>(view.itemsize));
         break;
       default:
         break;
     }
   }
-  return code;
+  return c;
 }
 
 // Fast path for numpy arrays (and any buffer-protocol object): (address, count, dtype code) of
@@ -394,25 +404,25 @@ struct TensorView {
 // fourd's dtype code of a numpy type number (-1: none fourd has); the C integer types by width.
 int numpyDtype(int typeNum) {
   using api = py::detail::npy_api;
+  using fourd::DataType;
   constexpr int kHalf = 23;  // NPY_HALF, which pybind11 does not name
-  auto integer = [](size_t bytes) { return bytes == 4 ? 6 : bytes == 8 ? 7 : -1; };
   switch (typeNum) {
     case api::NPY_FLOAT_:
-      return 0;
+      return dtypeCode(DataType::kFloat32);
     case api::NPY_DOUBLE_:
-      return 1;
+      return dtypeCode(DataType::kFloat64);
     case kHalf:
-      return 2;
+      return dtypeCode(DataType::kFloat16);
     case api::NPY_BYTE_:
-      return 4;
+      return dtypeCode(DataType::kInt8);
     case api::NPY_UBYTE_:
-      return 5;
+      return dtypeCode(DataType::kUInt8);
     case api::NPY_INT_:
-      return integer(sizeof(int));
+      return integerCode(sizeof(int));
     case api::NPY_LONG_:
-      return integer(sizeof(long));
+      return integerCode(sizeof(long));
     case api::NPY_LONGLONG_:
-      return integer(sizeof(long long));
+      return integerCode(sizeof(long long));
     default:
       return -1;
   }
