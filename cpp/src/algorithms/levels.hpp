@@ -83,7 +83,10 @@ bool shmAvailable(Group& node, OpContext& ctx);
 ShmWindow* shmWindow(Group& node, size_t bytesPerRank, OpContext& ctx);
 void shmReduceScatter(Schedule& s, ShmWindow& w, const void* in, void* out, const Blocks& blocks,
                       DataType t, ReduceOp op);
-void shmAllGather(Schedule& s, ShmWindow& w, void* buf, const Blocks& blocks, DataType t);
+/// all_gather into `buf`; my block comes from `mine` when given (an out-of-place call's input:
+/// copied into my block of buf on the way), from my block of buf otherwise (in place).
+void shmAllGather(Schedule& s, ShmWindow& w, void* buf, const Blocks& blocks, DataType t,
+                  const void* mine = nullptr);
 void shmAllReduce(Schedule& s, ShmWindow& w, const void* in, void* out, size_t count, DataType t,
                   ReduceOp op);
 /// Marks the window busy while a schedule using it runs (a window left busy by an exception is

@@ -141,7 +141,7 @@ void rhdReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B,
     s.send(acc + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
     const char* mine = acc + B.offset(r) * es;
     const size_t n = B.count(r);
-    s.compute([=] { std::memcpy(out, mine, n * es); });
+    s.compute([=] { copyCached(out, mine, n * es); });
     s.waitAll();
   }
 }
@@ -201,7 +201,7 @@ void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataTy
       s.waitAll();
       s.compute([=] { reduce2(out, in, tmp, count, t, op); });
     } else if (in != out) {
-      s.compute([=] { std::memcpy(out, in, n); });
+      s.compute([=] { copyCached(out, in, n); });
     }
     for (int d = 1; d < f.pof2; d *= 2) {
       const int partner = f.real(f.v ^ d);

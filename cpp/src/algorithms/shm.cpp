@@ -365,6 +365,30 @@ namespace {
 // slow hours, the reads do not); at 16 KiB a rank 6.2-6.7 against 5.1-5.7 in a fast hour.
 constexpr size_t kCmaMinBytes = 64 * 1024;
 constexpr size_t kCmaMinBlockBytes = 32 * 1024;
+// An out-of-place all_gather reads its peers' inputs directly only below this many bytes per
+// rank: from 512 KiB, copying through the window (my piece into my output on the way) ran
+// faster, 2 ranks of the VM: 1 MiB of output 1.83x MPI's call against 1.49x, 4 MiB 1.02-1.20x
+// against 0.84-0.91x; 256 KiB 1.71x against 2.00x. Unless FOURD_SHM_CMA=on.
+constexpr size_t kCmaMaxGatherFromBytes = 512 * 1024;
+
+// From this many bytes of output (FOURD_SHM_STREAM_BYTES, the same on every rank; 16 MiB, half
+// the last-level cache of this kind of VM, whose guest reports 320 MiB to sysconf and 32 to
+// lscpu, so it is not read from the system), an out-of-place all_gather copies through the
+// window with streamCopy (non-temporal stores): an output that size leaves the caches anyway,
+// and then memory traffic sets the time. A copy into a line not in the cache first reads it
+// (write-allocate), so cached copies move 3 bytes of memory traffic per byte written where
+// streamed stores move 2 (a 64 MiB copy: 17 GB/s against memcpy's 10.5). Below that size the
+// output may stay in the cache between calls, which streamed stores would throw away: 8 MiB on
+// 2 ranks of the VM ran 0.69-0.79x MPI's call streamed. 64 MiB: 1.3-1.75x MPI's call.
+size_t streamMinBytes() {
+  static const size_t v = [] {
+    const char* e = std::getenv("FOURD_SHM_STREAM_BYTES");
+    const long long x = e ? std::atoll(e) : 0LL;
+    return x > 0 ? static_cast<size_t>(x) : size_t(16) << 20;
+  }();
+  return v;
+}
+bool streamed(size_t outputBytes) { return outputBytes >= streamMinBytes(); }
 
 bool useCma(const ShmWindow& w, size_t bytesPerRank, size_t minBytes = kCmaMinBytes) {
   if (!w.cma) return false;
@@ -456,7 +480,7 @@ void cmaAllGatherFrom(Schedule& s, ShmWindow* w, const char* in, char* out, cons
   });
   barrier(s, w);
   s.compute([=] {
-    std::memcpy(out + B.offset(w->me) * es, in, B.count(w->me) * es);
+    copyCached(out + B.offset(w->me) * es, in, B.count(w->me) * es);
     cmaGatherOthers(w, 0, out, B, es);
   });
   barrier(s, w);
@@ -512,9 +536,9 @@ void shmAllReduce(Schedule& s, ShmWindow& wr, const void* inV, void* outV, size_
       char* dst = w->buffer(me, w->bars + 1);
       const char* src = in + c0 * es;
       // My own slice is reduced from my private input: no need to share it.
-      std::memcpy(dst, src, sl.offset(me) * es);
-      std::memcpy(dst + sl.offset(me + 1) * es, src + sl.offset(me + 1) * es,
-                  (cn - sl.offset(me + 1)) * es);
+      copyCached(dst, src, sl.offset(me) * es);
+      copyCached(dst + sl.offset(me + 1) * es, src + sl.offset(me + 1) * es,
+                 (cn - sl.offset(me + 1)) * es);
     });
   };
   auto reduce = [&](int i) {
@@ -536,7 +560,7 @@ void shmAllReduce(Schedule& s, ShmWindow& wr, const void* inV, void* outV, size_
         for (int j = 0, q = 1; j < k; ++j)
           if (j != me) srcs[q++] = w->buffer(j, id) + (so + o) * es;
         reduceMany(dst, srcs.data(), k, n, t, op);
-        std::memcpy(w->buffer(me, id) + (so + o) * es, dst, n * es);
+        copyCached(w->buffer(me, id) + (so + o) * es, dst, n * es);
       }
     });
   };
@@ -548,8 +572,8 @@ void shmAllReduce(Schedule& s, ShmWindow& wr, const void* inV, void* outV, size_
       const uint64_t id = w->bars - 1;
       for (int j = 0; j < k; ++j) {
         if (j == me) continue;  // written by my reduction already
-        std::memcpy(out + (c0 + sl.offset(j)) * es, w->buffer(j, id) + sl.offset(j) * es,
-                    sl.count(j) * es);
+        copyCached(out + (c0 + sl.offset(j)) * es, w->buffer(j, id) + sl.offset(j) * es,
+                   sl.count(j) * es);
       }
     });
   };
@@ -588,7 +612,7 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
       for (int j = 0; j < k; ++j) {
         if (j == me) continue;
         const auto [a, n] = R.piece(j, i);
-        std::memcpy(dst + j * P * es, in + (B.offset(j) + a) * es, n * es);
+        copyCached(dst + j * P * es, in + (B.offset(j) + a) * es, n * es);
       }
     });
   };
@@ -614,21 +638,38 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
   reduce(m - 1);
 }
 
-void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataType t) {
+void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataType t,
+                  const void* mineV) {
   ShmWindow* w = &wr;
   const size_t es = dataTypeSize(t);
-  if (useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
-    return cmaAllGather(s, w, static_cast<char*>(bufV), B, es);
-  }
+  const bool stream = streamed(B.total() * es);
   char* buf = static_cast<char*>(bufV);
+  char* const own = buf + B.offset(w->me) * es;
+  const char* mine = mineV ? static_cast<const char*>(mineV) : own;
+  // In place, direct reads at every size: one kernel copy per byte, as MPICH's own in-place
+  // call does (64 MiB on 2 ranks: 16 MiB 0.64x and 64 MiB 0.79x MPI's call through the window
+  // with streamed stores, 1.06x and 1.00x read directly). Out of place they are allGather's
+  // choice (cmaAllGatherFrom), so here only when forced.
+  const bool forced = cmaMode() == CmaMode::kOn;
+  if ((forced || mine == own) && useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
+    if (mine != own) s.compute([=] { copyCached(own, mine, B.count(w->me) * es); });
+    return cmaAllGather(s, w, buf, B, es);
+  }
+  const auto copy = stream ? streamCopy : copyCached;
   const int k = w->k, me = w->me;
   const size_t P = std::max<size_t>(1, w->bufBytes / es);
   const Rounds R(B, P);
   const int m = R.n;
+  // Out of place, my piece goes into my block of the output here too, while it is in the cache.
+  // Streamed, the copy into the window is streamed too: a peer read those lines three barriers
+  // ago, and storing into them through the cache first takes them back from its core, which on
+  // this kind of VM ran at a third of the speed by turns (64 MiB on 2 ranks: 5.2-6.8 ms every
+  // time against 7-8 or 20-22 ms, while MPI's call took 8.7-9.5).
   auto copyIn = [&](int i) {
     s.compute([=] {
       const auto [a, n] = R.piece(me, i);
-      std::memcpy(w->buffer(me, w->bars + 1), buf + (B.offset(me) + a) * es, n * es);
+      copy(w->buffer(me, w->bars + 1), mine + a * es, n * es);
+      if (mine != own) copy(own + a * es, mine + a * es, n * es);
     });
   };
   auto copyOut = [&](int i) {
@@ -637,7 +678,7 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
       for (int j = 0; j < k; ++j) {
         if (j == me) continue;
         const auto [a, n] = R.piece(j, i);
-        std::memcpy(buf + (B.offset(j) + a) * es, w->buffer(j, id), n * es);
+        copy(buf + (B.offset(j) + a) * es, w->buffer(j, id), n * es);
       }
     });
   };
@@ -713,15 +754,16 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
   if (!w) return algorithmImpl(Algorithm::kRing)->allGather(g, in, out, ctx);
   const Buffer mine = out.slice(in.count * g.rank(), in.count);
   const Blocks B = Blocks::uniform(in.count, g.size());
-  if (mine.data != in.data && useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
+  if (mine.data != in.data && (in.bytes() < kCmaMaxGatherFromBytes || cmaMode() == CmaMode::kOn) &&
+      useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
     const size_t es = dataTypeSize(in.dtype);
     return runOnWindow(g, *w, ctx, [&](Schedule& s) {
       cmaAllGatherFrom(s, w, static_cast<const char*>(in.data), static_cast<char*>(out.data), B,
                        es);
     });
   }
-  if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
-  runOnWindow(g, *w, ctx, [&](Schedule& s) { shmAllGather(s, *w, out.data, B, in.dtype); });
+  runOnWindow(g, *w, ctx,
+              [&](Schedule& s) { shmAllGather(s, *w, out.data, B, in.dtype, in.data); });
 }
 
 void reduceScatter(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpContext& ctx) {

@@ -16,6 +16,7 @@
 
 #include "algorithms/levels.hpp"
 #include "internal/group.hpp"
+#include "internal/reduce_kernels.hpp"
 
 namespace fourd::detail {
 
@@ -60,7 +61,7 @@ struct WholeGroup {
 
   static void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
     const Buffer mine = out.slice(in.count * g.rank(), in.count);
-    if (mine.data != in.data) std::memcpy(mine.data, in.data, in.bytes());
+    if (mine.data != in.data) copyCached(mine.data, in.data, in.bytes());
     Schedule s(g.backend(), ctx.tag);
     L.allGather(s, out.data, Blocks::uniform(in.count, g.size()), in.dtype);
     s.run(ctx);

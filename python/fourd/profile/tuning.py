@@ -46,8 +46,9 @@ from .store import write_json
 # algorithms can change what tuning should settle on, so that choices saved by earlier code are
 # not carried over (a file of another version counts as empty and is overwritten). 2: flat's
 # small calls through persistent MPI requests, in-place reduce_scatter without a copy. 3: shm's
-# out-of-place all_gather reading the peers' inputs.
-VERSION = 3
+# out-of-place all_gather reading the peers' inputs. 4: shm's copies without glibc's rep movsb,
+# its large out-of-place all_gather through the window with streamed stores.
+VERSION = 4
 
 _OFF = ("0", "off", "false", "no")
 _ON = ("", "1", "on", "true", "yes")
