@@ -314,7 +314,7 @@ std::shared_ptr<Work> Communicator::allGather(const Buffer& in, const Buffer& ou
   resolve(live(), spec, out.bytes(), in.data == myBlock.data, in.count);
   const bool cuda = in.device != DeviceType::kCpu;
   if (!cuda && (in.count == 0 || size() == 1) && !live().debug) {
-    if (in.data != out.data && in.bytes()) std::memmove(out.data, in.data, in.bytes());
+    if (in.data != out.data && in.bytes()) detail::moveBytes(out.data, in.data, in.bytes());
     return doneAtOnce(live(), "all_gather");
   }
   return detail::dispatch(live(), spec);
@@ -346,7 +346,7 @@ std::shared_ptr<Work> Communicator::reduceScatter(const Buffer& in, const Buffer
   resolve(live(), spec, in.bytes(), inPlace, out.count);
   const bool cuda = in.device != DeviceType::kCpu;
   if (!cuda && (out.count == 0 || size() == 1) && !live().debug) {
-    if (out.bytes() && out.data != in.data) std::memmove(out.data, in.data, out.bytes());
+    if (out.bytes() && out.data != in.data) detail::moveBytes(out.data, in.data, out.bytes());
     return doneAtOnce(live(), "reduce_scatter");
   }
   return detail::dispatch(live(), spec);

@@ -239,7 +239,7 @@ void reduceMany(void* dst, const void* const* srcs, int n, size_t count, DataTyp
                 ReduceOp op) {
   if (count == 0 || n <= 0) return;
   if (n == 1) {
-    if (dst != srcs[0]) std::memmove(dst, srcs[0], count * dataTypeSize(dtype));
+    if (dst != srcs[0]) moveBytes(dst, srcs[0], count * dataTypeSize(dtype));
     return;
   }
   if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) {

@@ -26,6 +26,7 @@
 #include "fourd/data_type.hpp"
 #include "internal/codec.hpp"
 #include "internal/group.hpp"
+#include "internal/reduce_kernels.hpp"
 
 namespace fourd::detail {
 
@@ -39,7 +40,7 @@ inline bool oneRankReduceScatter(Schedule& s, const char* in, char* out, const B
   if (s.size() != 1) return false;
   const char* mine = in + blocks.offset(0) * elemSize;
   const size_t bytes = blocks.count(0) * elemSize;
-  if (out != mine) s.compute([=] { std::memmove(out, mine, bytes); });
+  if (out != mine) s.compute([=] { moveBytes(out, mine, bytes); });
   return true;
 }
 /// The all-reduce of a one-rank schedule: `in` copied to `out` unless in place. Returns false

@@ -623,7 +623,7 @@ class MpiBackend final : public Backend {
 
   std::shared_ptr<void> allocate(size_t bytes) override { return allocateHost(bytes); }
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes && dst != src) std::memmove(dst, src, bytes);
+    if (bytes) moveBytes(dst, src, bytes);
   }
   void scale(const Buffer& buf, double factor) override {
     scaleInPlace(buf.data, buf.count, buf.dtype, factor);

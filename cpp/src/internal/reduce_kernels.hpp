@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "fourd/data_type.hpp"
 
@@ -31,6 +32,16 @@ void reduceMany(void* dst, const void* const* srcs, int n, size_t count, DataTyp
 /// AVX2 loads and stores (SSE2 without AVX2) copy 31-50 GB/s at every alignment; below 4 KiB,
 /// memcpy.
 void copyCached(void* dst, const void* src, size_t bytes);
+/// memmove through copyCached where the two ranges do not overlap.
+inline void moveBytes(void* dst, const void* src, size_t bytes) {
+  const char* d = static_cast<const char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  if (d + bytes <= s || s + bytes <= d) {
+    copyCached(dst, src, bytes);
+  } else if (dst != src) {
+    std::memmove(dst, src, bytes);
+  }
+}
 /// memcpy for a large destination that is not read again soon (a collective's output larger than
 /// the caches): non-temporal stores on x86-64, which skip reading the destination's lines into
 /// the cache before writing them (a third of a cached copy's memory traffic). 64 MiB in 512 KiB
