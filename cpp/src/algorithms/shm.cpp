@@ -31,9 +31,12 @@
 //                   T = (k-1)/k n c' + (k-1)/k n gamma + 2 s.
 //   all_reduce      reduce_scatter into my slice of the output, then all_gather of the slices.
 //                   T = 2(k-1)/k n c' + (k-1)/k n gamma + 3 s.
-// c' is the kernel's copy time per byte, about the same as memcpy's on this kind of machine;
-// what the direct reads save is the barrier per chunk, which costs context switches when
-// ranks outnumber cores, and (all_gather) the copy into the window.
+// c' is the kernel's copy time per byte, about the same as memcpy's within the caches on this
+// kind of machine and twice it beyond them; what the direct reads save is the barrier per
+// chunk, which costs context switches when ranks outnumber cores, and (all_gather) the copy
+// into the window. An out-of-place all_gather reads directly only below 512 KiB per rank, and
+// from 16 MiB of output it copies through the window with streamed stores instead (see
+// streamMinBytes). The bulk copies are copyCached's, not glibc's memcpy (reduce_kernels.hpp).
 // The cost model (cost_model.cpp) prices these phases (one chunk's barriers; the n/k store of
 // my reduced slice counted as a copy); calibration (python/fourd/profile/fit.py) fits shmBw to
 // the all-reduce formula.
@@ -366,9 +369,12 @@ namespace {
 constexpr size_t kCmaMinBytes = 64 * 1024;
 constexpr size_t kCmaMinBlockBytes = 32 * 1024;
 // An out-of-place all_gather reads its peers' inputs directly only below this many bytes per
-// rank: from 512 KiB, copying through the window (my piece into my output on the way) ran
-// faster, 2 ranks of the VM: 1 MiB of output 1.83x MPI's call against 1.49x, 4 MiB 1.02-1.20x
-// against 0.84-0.91x; 256 KiB 1.71x against 2.00x. Unless FOURD_SHM_CMA=on.
+// rank where every rank has a core: from 512 KiB, copying through the window (my piece into my
+// output on the way) ran faster, 2 ranks of the VM: 1 MiB of output 1.83x MPI's call against
+// 1.49x, 4 MiB 1.02-1.20x against 0.84-0.91x; 256 KiB 1.71x against 2.00x. Where ranks
+// outnumber cores a barrier per chunk costs context switches, and the 4-rank default benchmark
+// ran 1 and 4 MiB through the window at 0.73x MPI's call: there the direct reads go on up to the
+// streamed size. FOURD_SHM_CMA=on reads directly at every size.
 constexpr size_t kCmaMaxGatherFromBytes = 512 * 1024;
 
 // From this many bytes of output (FOURD_SHM_STREAM_BYTES, the same on every rank; 16 MiB, half
@@ -754,8 +760,10 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
   if (!w) return algorithmImpl(Algorithm::kRing)->allGather(g, in, out, ctx);
   const Buffer mine = out.slice(in.count * g.rank(), in.count);
   const Blocks B = Blocks::uniform(in.count, g.size());
-  if (mine.data != in.data && (in.bytes() < kCmaMaxGatherFromBytes || cmaMode() == CmaMode::kOn) &&
-      useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
+  const bool direct =
+      cmaMode() == CmaMode::kOn ||
+      (!streamed(out.bytes()) && (in.bytes() < kCmaMaxGatherFromBytes || detail::oversubscribed()));
+  if (mine.data != in.data && direct && useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
     const size_t es = dataTypeSize(in.dtype);
     return runOnWindow(g, *w, ctx, [&](Schedule& s) {
       cmaAllGatherFrom(s, w, static_cast<const char*>(in.data), static_cast<char*>(out.data), B,
