@@ -34,12 +34,12 @@
 // c' is the kernel's copy time per byte, about the same as memcpy's within the caches on this
 // kind of machine and twice it beyond them; what the direct reads save is the barrier per
 // chunk, which costs context switches when ranks outnumber cores, and (all_gather) the copy
-// into the window. An out-of-place all_gather reads directly only below 512 KiB per rank, and
-// from 16 MiB of output it copies through the window with streamed stores instead (see
-// streamMinBytes). The bulk copies are copyCached's, not glibc's memcpy (reduce_kernels.hpp).
-// The cost model (cost_model.cpp) prices these phases (one chunk's barriers; the n/k store of
-// my reduced slice counted as a copy); calibration (python/fourd/profile/fit.py) fits shmBw to
-// the all-reduce formula.
+// into the window. all_gather reads directly only below 512 KiB per rank (up to 16 MiB of
+// output where ranks outnumber cores), and from 16 MiB of output it copies through the window
+// with streamed stores instead (gatherDirect, streamMinBytes). The bulk copies are copyCached's,
+// not glibc's memcpy (reduce_kernels.hpp). The cost model (cost_model.cpp) prices these phases (one
+// chunk's barriers; the n/k store of my reduced slice counted as a copy); calibration
+// (python/fourd/profile/fit.py) fits shmBw to the all-reduce formula.
 //
 // No message crosses MPI: the only synchronisation is the flag barrier. It polls without
 // yielding for up to 50 us when every rank of the machine has a core of its own (a yield could
@@ -368,7 +368,7 @@ namespace {
 // slow hours, the reads do not); at 16 KiB a rank 6.2-6.7 against 5.1-5.7 in a fast hour.
 constexpr size_t kCmaMinBytes = 64 * 1024;
 constexpr size_t kCmaMinBlockBytes = 32 * 1024;
-// An out-of-place all_gather reads its peers' inputs directly only below this many bytes per
+// all_gather reads the peers' blocks directly only below this many bytes per
 // rank where every rank has a core: from 512 KiB, copying through the window (my piece into my
 // output on the way) ran faster, 2 ranks of the VM: 1 MiB of output 1.83x MPI's call against
 // 1.49x, 4 MiB 1.02-1.20x against 0.84-0.91x; 256 KiB 1.71x against 2.00x. Where ranks
@@ -395,6 +395,16 @@ size_t streamMinBytes() {
   return v;
 }
 bool streamed(size_t outputBytes) { return outputBytes >= streamMinBytes(); }
+
+// Whether all_gather reads the peers' blocks directly (where the ranks may): from what every
+// member's call shares (block and output sizes), never from its placement, since members may
+// call in place and out of place in the same operation and the two paths pass different
+// barriers (the direct reads of either placement pass the same two).
+bool gatherDirect(size_t blockBytes, size_t outputBytes) {
+  if (cmaMode() == CmaMode::kOn) return true;
+  return !streamed(outputBytes) &&
+         (blockBytes < kCmaMaxGatherFromBytes || detail::oversubscribed());
+}
 
 bool useCma(const ShmWindow& w, size_t bytesPerRank, size_t minBytes = kCmaMinBytes) {
   if (!w.cma) return false;
@@ -652,12 +662,8 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   char* buf = static_cast<char*>(bufV);
   char* const own = buf + B.offset(w->me) * es;
   const char* mine = mineV ? static_cast<const char*>(mineV) : own;
-  // In place, direct reads at every size: one kernel copy per byte, as MPICH's own in-place
-  // call does (64 MiB on 2 ranks: 16 MiB 0.64x and 64 MiB 0.79x MPI's call through the window
-  // with streamed stores, 1.06x and 1.00x read directly). Out of place they are allGather's
-  // choice (cmaAllGatherFrom), so here only when forced.
-  const bool forced = cmaMode() == CmaMode::kOn;
-  if ((forced || mine == own) && useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
+  if (gatherDirect(B.maxCount() * es, B.total() * es) &&
+      useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
     if (mine != own) s.compute([=] { copyCached(own, mine, B.count(w->me) * es); });
     return cmaAllGather(s, w, buf, B, es);
   }
@@ -760,10 +766,8 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
   if (!w) return algorithmImpl(Algorithm::kRing)->allGather(g, in, out, ctx);
   const Buffer mine = out.slice(in.count * g.rank(), in.count);
   const Blocks B = Blocks::uniform(in.count, g.size());
-  const bool direct =
-      cmaMode() == CmaMode::kOn ||
-      (!streamed(out.bytes()) && (in.bytes() < kCmaMaxGatherFromBytes || detail::oversubscribed()));
-  if (mine.data != in.data && direct && useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
+  if (mine.data != in.data && gatherDirect(in.bytes(), out.bytes()) &&
+      useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
     const size_t es = dataTypeSize(in.dtype);
     return runOnWindow(g, *w, ctx, [&](Schedule& s) {
       cmaAllGatherFrom(s, w, static_cast<const char*>(in.data), static_cast<char*>(out.data), B,
