@@ -334,33 +334,33 @@ void fromFloat32(void* dst, const float* src, size_t count, DataType dtype) {
 #if defined(__x86_64__)
 namespace {
 
+// 128 bytes a step: unaligned AVX2 loads and stores, the rest by memcpy.
 __attribute__((target("avx2"))) void copyAvx2(char* FOURD_RESTRICT d, const char* FOURD_RESTRICT s,
                                               size_t bytes) {
   size_t i = 0;
   for (; i + 128 <= bytes; i += 128) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
-    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+    for (size_t k = 0; k < 128; k += 32) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + k), v);
+    }
   }
   std::memcpy(d + i, s + i, bytes - i);
 }
 
+// 64 bytes a step: unaligned SSE2 loads, stores through the cache or streamed (kStream: d is
+// 16-byte aligned), the rest by memcpy.
+template <bool kStream>
 void copySse2(char* FOURD_RESTRICT d, const char* FOURD_RESTRICT s, size_t bytes) {
   size_t i = 0;
   for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    for (size_t k = 0; k < 64; k += 16) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + k));
+      if constexpr (kStream) {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + k), v);
+      } else {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + k), v);
+      }
+    }
   }
   std::memcpy(d + i, s + i, bytes - i);
 }
@@ -374,7 +374,7 @@ void copyCached(void* dst, const void* src, size_t bytes) {
   if (bytes >= 4096 && dst != src) {
     char* d = static_cast<char*>(dst);
     const char* s = static_cast<const char*>(src);
-    return avx2 ? copyAvx2(d, s, bytes) : copySse2(d, s, bytes);
+    return avx2 ? copyAvx2(d, s, bytes) : copySse2<false>(d, s, bytes);
   }
 #endif
   if (bytes) std::memcpy(dst, src, bytes);
@@ -386,21 +386,7 @@ void streamCopy(void* dst, const void* src, size_t bytes) {
   const char* s = static_cast<const char*>(src);
   const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16);
   std::memcpy(d, s, head);  // up to the destination's first 16-byte boundary
-  d += head;
-  s += head;
-  bytes -= head;
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
-  std::memcpy(d + i, s + i, bytes - i);
+  copySse2<true>(d + head, s + head, bytes - head);
   _mm_sfence();  // the streamed stores are ordered before whatever signals that they are done
 #else
   std::memcpy(dst, src, bytes);

@@ -664,8 +664,7 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   const char* mine = mineV ? static_cast<const char*>(mineV) : own;
   if (gatherDirect(B.maxCount() * es, B.total() * es) &&
       useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
-    if (mine != own) s.compute([=] { copyCached(own, mine, B.count(w->me) * es); });
-    return cmaAllGather(s, w, buf, B, es);
+    return mine == own ? cmaAllGather(s, w, buf, B, es) : cmaAllGatherFrom(s, w, mine, buf, B, es);
   }
   const auto copy = stream ? streamCopy : copyCached;
   const int k = w->k, me = w->me;
@@ -764,16 +763,7 @@ void allReduce(Group& g, const Buffer& in, const Buffer& out, ReduceOp op, OpCon
 void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
   ShmWindow* w = windowOf(g, in.bytes(), ctx);
   if (!w) return algorithmImpl(Algorithm::kRing)->allGather(g, in, out, ctx);
-  const Buffer mine = out.slice(in.count * g.rank(), in.count);
   const Blocks B = Blocks::uniform(in.count, g.size());
-  if (mine.data != in.data && gatherDirect(in.bytes(), out.bytes()) &&
-      useCma(*w, in.bytes(), kCmaMinBlockBytes)) {
-    const size_t es = dataTypeSize(in.dtype);
-    return runOnWindow(g, *w, ctx, [&](Schedule& s) {
-      cmaAllGatherFrom(s, w, static_cast<const char*>(in.data), static_cast<char*>(out.data), B,
-                       es);
-    });
-  }
   runOnWindow(g, *w, ctx,
               [&](Schedule& s) { shmAllGather(s, *w, out.data, B, in.dtype, in.data); });
 }

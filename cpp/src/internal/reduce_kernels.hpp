@@ -26,11 +26,8 @@ void reduceMany(void* dst, const void* const* srcs, int n, size_t count, DataTyp
 /// memcpy for the collectives' bulk copies, without glibc's `rep movsb`: on this kind of VM
 /// (AMD EPYC) glibc copies 8 KiB-1 MiB with it, which runs at 2.2 GB/s when the destination
 /// sits 8 bytes past the source's 64-byte alignment (26-30 GB/s at 16 or 48 bytes, 38-79
-/// aligned), and at times at a third of its speed whatever the alignment: the shm all_gather of
-/// 64 MiB on 2 ranks took 7-9 ms or 18-22 ms by turns within one run, and 7.5 ms every time
-/// with rep movsb turned off (GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold). Unaligned
-/// AVX2 loads and stores (SSE2 without AVX2) copy 31-50 GB/s at every alignment; below 4 KiB,
-/// memcpy.
+/// aligned). Unaligned AVX2 loads and stores (SSE2 without AVX2) copy 31-50 GB/s at every
+/// alignment; below 4 KiB, memcpy.
 void copyCached(void* dst, const void* src, size_t bytes);
 /// memmove through copyCached where the two ranges do not overlap.
 inline void moveBytes(void* dst, const void* src, size_t bytes) {
