@@ -13,13 +13,14 @@ def test_collectives(n):
     run_mpi_pytest(n, ["par_collectives.py"], timeout=600, env={"FOURD_CALIBRATE": "0"})
 
 
-# The shared-memory paths: direct reads of the peers' buffers at every size (2 ranks), the
-# default (direct reads from 64 KiB per rank, 4 ranks), and copies through the window only, with
-# all_gather's streamed stores from 64 KiB of output instead of half the last-level cache
-# (8 ranks).
+# The shared-memory paths: direct reads of the peers' buffers at every size (2 ranks); the
+# default (direct reads from 64 KiB per rank, 4 ranks), with all_gather streamed from 64 KiB of
+# output instead of 16 MiB, so that its choice between the window (any rank out of place) and
+# direct reads (every rank in place) meets the whole sweep; and copies through the window only,
+# streamed likewise (8 ranks).
 _SHM_ENV = {
     2: {"FOURD_SHM_CMA": "on"},
-    4: {"FOURD_SHM_CMA": "auto"},
+    4: {"FOURD_SHM_CMA": "auto", "FOURD_SHM_STREAM_BYTES": "65536"},
     8: {"FOURD_SHM_CMA": "off", "FOURD_SHM_STREAM_BYTES": "65536"},
 }
 

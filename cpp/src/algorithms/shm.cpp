@@ -36,10 +36,11 @@
 // chunk, which costs context switches when ranks outnumber cores, and (all_gather) the copy
 // into the window. all_gather reads directly only below 512 KiB per rank (up to 16 MiB of
 // output where ranks outnumber cores), and from 16 MiB of output it copies through the window
-// with streamed stores instead (gatherDirect, streamMinBytes). The bulk copies are copyCached's,
-// not glibc's memcpy (reduce_kernels.hpp). The cost model (cost_model.cpp) prices these phases (one
-// chunk's barriers; the n/k store of my reduced slice counted as a copy); calibration
-// (python/fourd/profile/fit.py) fits shmBw to the all-reduce formula.
+// with streamed stores instead (gatherDirect, streamMinBytes), unless every rank calls it in
+// place: then, agreed at one extra barrier, all read the peers directly once more. The bulk copies
+// are copyCached's, not glibc's memcpy (reduce_kernels.hpp). The cost model (cost_model.cpp) prices
+// these phases (one chunk's barriers; the n/k store of my reduced slice counted as a copy);
+// calibration (python/fourd/profile/fit.py) fits shmBw to the all-reduce formula.
 //
 // No message crosses MPI: the only synchronisation is the flag barrier. It polls without
 // yielding for up to 50 us when every rank of the machine has a core of its own (a yield could
@@ -65,6 +66,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 #include <utility>
 
@@ -144,15 +146,19 @@ size_t bufferCap(int k) {
   return (v + 63) / 64 * 64;
 }
 
-// Appends a barrier over the window's ranks.
-void barrier(Schedule& s, ShmWindow* w) {
-  s.compute([w] {
+// Appends a barrier over the window's ranks. With `skip`, a barrier that every rank passes or
+// skips alike: by the time it runs, *skip holds the same value on every rank (it was decided from
+// what all of them published before an earlier barrier), and a skipped barrier is not counted.
+void barrier(Schedule& s, ShmWindow* w, std::shared_ptr<const bool> skip = nullptr) {
+  s.compute([w, skip] {
+    if (skip && *skip) return;
     ++w->bars;
     w->seg->sync();
     __atomic_store_n(w->counter(w->me), w->bars, __ATOMIC_RELEASE);
   });
   s.waitUntil(
-      [w] {
+      [w, skip] {
+        if (skip && *skip) return true;
         for (int j = 0; j < w->k; ++j)
           if (__atomic_load_n(w->counter(j), __ATOMIC_ACQUIRE) < w->bars) return false;
         w->seg->sync();
@@ -676,8 +682,29 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   // ago, and storing into them through the cache first takes them back from its core, which on
   // this kind of VM ran at a third of the speed by turns (64 MiB on 2 ranks: 5.2-6.8 ms every
   // time against 7-8 or 20-22 ms, while MPI's call took 8.7-9.5).
+  //
+  // Streamed and in place on every rank, the window's two copies per byte lose to one: 16 MiB on
+  // 2 ranks of the VM ran 0.43-0.54x MPI's in-place call (which copies each byte once) through
+  // the window, 0.92x reading the peers' outputs directly; 64 MiB 0.60x against 0.89x. Every
+  // rank publishes its placement first; where all are in place, all read directly and skip the
+  // window's steps (`direct`, the same on every rank after the first barrier), and otherwise
+  // all go through the window, so mixed placements stay consistent.
+  std::shared_ptr<bool> direct;
+  if (stream && useCma(*w, B.maxCount() * es, 0)) {
+    direct = std::make_shared<bool>(false);
+    publish(s, w, buf, reinterpret_cast<const void*>(uintptr_t{mine == own}));
+    barrier(s, w);
+    s.compute([w, direct, buf, B, es] {
+      bool all = true;
+      for (int j = 0; j < w->k; ++j) all = all && published(w, j, 1) == 1;
+      *direct = all;
+      if (all) cmaGatherOthers(w, 0, buf, B, es);
+    });
+  }
+  const std::shared_ptr<const bool> skip = direct;
   auto copyIn = [&](int i) {
     s.compute([=] {
+      if (skip && *skip) return;
       const auto [a, n] = R.piece(me, i);
       copy(w->buffer(me, w->bars + 1), mine + a * es, n * es);
       if (mine != own) copy(own + a * es, mine + a * es, n * es);
@@ -685,6 +712,7 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   };
   auto copyOut = [&](int i) {
     s.compute([=] {
+      if (skip && *skip) return;
       const uint64_t id = w->bars;
       for (int j = 0; j < k; ++j) {
         if (j == me) continue;
@@ -693,12 +721,14 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
       }
     });
   };
+  // Read directly, the first barrier below ends the reads (no peer returns while another may
+  // still read its output); the others are skipped.
   copyIn(0);
   barrier(s, w);
   for (int i = 1; i < m; ++i) {
     copyOut(i - 1);
     copyIn(i);
-    barrier(s, w);
+    barrier(s, w, skip);
   }
   copyOut(m - 1);
 }

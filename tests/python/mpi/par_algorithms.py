@@ -225,6 +225,23 @@ def test_large_counts_every_algorithm():
     assert not todo, todo
 
 
+def test_shm_all_gather_every_placement():
+    """shm's all_gather beyond its direct reads goes through the window when any rank is out of
+    place and reads the peers directly when every rank is in place (the suites run it streamed
+    from 64 KiB): all in place, all out of place, and rank 0 alone in place, each exact, twice
+    in a row (the second call starts from the window's state after the first)."""
+    g = fourd.init(ranks_per_node=None)
+    if not support(g, "all_gather", "world")["shm"][0]:
+        return
+    for count in (1, 4099, BIG // N + 1):
+        for placement in ("in", "out", "rank 0 in"):
+            inplace = placement == "in" or (placement == "rank 0 in" and ME == 0)
+            for rnd in range(2):
+                what = f"shm all_gather count={count} {placement} place, call {rnd}"
+                run_one(g, "shm", "all_gather", "world", np.int32, "sum", count, inplace, what)
+    fourd.finalize()
+
+
 def test_reduce_scatter_in_place_every_algorithm():
     """In place, the output is this rank's block of the input; ring, rhd, shm and hierarchical
     take it as it is, flat through scratch. Counts up to several pipeline chunks of
