@@ -100,7 +100,7 @@ def test_grid_axes_and_rates():
 def test_default_grid_follows_hosts():
     assert default_grid(4, ["a", "a", "b", "b"])[:2] == ({"x": 2, "y": 1, "z": 1, "data": 2}, None)
     assert default_grid(6, ["a"] * 3 + ["b"] * 3)[0]["x"] == 3
-    assert default_grid(2, ["a", "a"])[:2] == ({"x": 1, "y": 1, "z": 1, "data": 2}, 1)
+    assert default_grid(2, ["a", "a"])[:2] == ({"x": 1, "y": 1, "z": 1, "data": 2}, None)
     assert default_grid(3, ["a"] * 3)[0]["data"] == 3
     assert default_grid(4, ["a", "b", "a", "b"])[0]["data"] == 4  # interleaved hosts
 
@@ -592,7 +592,7 @@ def test_grid_keeps_the_virtual_nodes():
     assert "virtual nodes of 2 ranks" in cfg.grid_source, cfg.grid_source
     assert p4("--grid", "x=4", "--ranks-per-node", "4").ranks_per_node == 4
     assert p4("--grid", "x=2,y=2", hosts=["a", "a", "b", "b"]).ranks_per_node is None
-    assert parse(["--grid", "data=2"], 2, ["h", "h"], {}).ranks_per_node == 1
+    assert parse(["--grid", "data=2"], 2, ["h", "h"], {}).ranks_per_node is None  # the real node
 
 
 def test_explicit_warmup_is_known():

@@ -558,7 +558,9 @@ def parse_order(text: str) -> str:
 def default_grid(world: int, hosts: list[str]) -> tuple[dict, int | None, str]:
     """The grid of a run without --grid: on several hosts x = ranks per host and data = hosts
     (so x is intra-node and data inter-node); on one host the same shape over virtual nodes of 2
-    ranks; on 2 ranks data=2 over two one-rank virtual nodes."""
+    ranks; on 2 ranks data=2 on the one real node (two one-rank virtual nodes would have no
+    level to make hierarchical, and would only keep the node's shared memory from the
+    collectives that use it)."""
     distinct = list(dict.fromkeys(hosts))
     if len(distinct) > 1:
         per = [hosts.count(h) for h in distinct]
@@ -586,11 +588,7 @@ def default_grid(world: int, hosts: list[str]) -> tuple[dict, int | None, str]:
             "one host: x=2 within a virtual node of 2 ranks, data across virtual nodes",
         )
     if world == 2:
-        return (
-            {"x": 1, "y": 1, "z": 1, "data": 2},
-            1,
-            "one host: data=2 across two virtual nodes of 1 rank",
-        )
+        return ({"x": 1, "y": 1, "z": 1, "data": 2}, None, "one host: data=2 within the node")
     return ({"x": 1, "y": 1, "z": 1, "data": world}, None, "one host: one data axis")
 
 
