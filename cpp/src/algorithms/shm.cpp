@@ -683,14 +683,17 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   // this kind of VM ran at a third of the speed by turns (64 MiB on 2 ranks: 5.2-6.8 ms every
   // time against 7-8 or 20-22 ms, while MPI's call took 8.7-9.5).
   //
-  // Streamed and in place on every rank, the window's two copies per byte lose to one: 16 MiB on
-  // 2 ranks of the VM ran 0.43-0.54x MPI's in-place call (which copies each byte once) through
-  // the window, 0.92x reading the peers' outputs directly; 64 MiB 0.60x against 0.89x. Every
-  // rank publishes its placement first; where all are in place, all read directly and skip the
-  // window's steps (`direct`, the same on every rank after the first barrier), and otherwise
-  // all go through the window, so mixed placements stay consistent.
+  // In place on every rank, the window's two copies per byte lose to one. Streamed: 16 MiB on 2
+  // ranks of the VM ran 0.43-0.54x MPI's in-place call (which copies each byte once) through
+  // the window, 0.92x reading the peers' outputs directly; 64 MiB 0.60x against 0.89x. Below
+  // that, from 512 KiB per rank, the window ran 1.26-1.46x MPI's call at 1-4 MiB in most runs,
+  // but 0.08-0.18x in the VM's slow phases, where copies between cores ran ten times slower and
+  // MPI's single copy did not (direct reads: 1.0-1.06x, and 1.10x at 256 KiB in a slow phase).
+  // Every rank publishes its placement first; where all are in place, all read directly and
+  // skip the window's steps (`direct`, the same on every rank after the first barrier), and
+  // otherwise all go through the window, so mixed placements stay consistent.
   std::shared_ptr<bool> direct;
-  if (stream && useCma(*w, B.maxCount() * es, 0)) {
+  if ((stream || B.maxCount() * es >= kCmaMaxGatherFromBytes) && useCma(*w, B.maxCount() * es, 0)) {
     direct = std::make_shared<bool>(false);
     publish(s, w, buf, reinterpret_cast<const void*>(uintptr_t{mine == own}));
     barrier(s, w);
