@@ -35,12 +35,12 @@
 // kind of machine and twice it beyond them; what the direct reads save is the barrier per
 // chunk, which costs context switches when ranks outnumber cores, and (all_gather) the copy
 // into the window. all_gather reads directly only below 512 KiB per rank (up to 16 MiB of
-// output where ranks outnumber cores), and from 16 MiB of output it copies through the window
-// with streamed stores instead (gatherDirect, streamMinBytes), unless every rank calls it in
-// place: then, agreed at one extra barrier, all read the peers directly once more. The bulk copies
-// are copyCached's, not glibc's memcpy (reduce_kernels.hpp). The cost model (cost_model.cpp) prices
-// these phases (one chunk's barriers; the n/k store of my reduced slice counted as a copy);
-// calibration (python/fourd/profile/fit.py) fits shmBw to the all-reduce formula.
+// output where ranks outnumber cores) or where every rank calls it in place (agreed at one extra
+// barrier), and from 16 MiB of output its copies through the window are streamed (gatherDirect,
+// streamMinBytes, shmAllGather). The bulk copies are copyCached's, not glibc's memcpy
+// (reduce_kernels.hpp). The cost model (cost_model.cpp) prices these phases (one chunk's
+// barriers; the n/k store of my reduced slice counted as a copy); calibration
+// (python/fourd/profile/fit.py) fits shmBw to the all-reduce formula.
 //
 // No message crosses MPI: the only synchronisation is the flag barrier. It polls without
 // yielding for up to 50 us when every rank of the machine has a core of its own (a yield could
