@@ -210,8 +210,8 @@ std::vector<double> groupMax(Backend& b, std::vector<double> mine, OpContext& ct
 
 // One call's part in its key's tuning (tuner.hpp): `spec` run with the step's algorithm; the
 // time of a timed call goes back to the tuning, and after the last timed call of the key every
-// rank's medians are made common (one MAX all-reduce on this group, at the same call on every
-// rank).
+// timed call's time becomes its slowest rank's (one MAX all-reduce on this group, at the same
+// call on every rank), from which the tuning takes each candidate's figure.
 void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContext& ctx) {
   Tuner& tuner = s.selector.tuner();
   ctx.algorithm = algorithmName(step.algorithm);
@@ -226,7 +226,7 @@ void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContex
   const Tuner::Key key = spec.call.key();
   std::vector<double> mine = tuner.record(key, spec.profile, step, dt);
   if (mine.empty()) return;
-  tuner.settle(key, spec.profile, groupMax(b, std::move(mine), ctx));
+  tuner.settleSamples(key, spec.profile, groupMax(b, std::move(mine), ctx));
 }
 
 struct FreeDeleter {

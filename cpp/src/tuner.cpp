@@ -159,19 +159,37 @@ std::vector<double> Tuner::record(const Key& key,
   Entry& e = it->second;
   e.samples[step.candidate].push_back(seconds);
   if (!step.last) return {};
-  const int m = static_cast<int>(e.cands.size());
-  std::vector<double> best(m);
-  for (int c = 0; c < m; ++c) {
-    const auto& v = e.samples[c];
-    best[c] = 0.0;
-    const size_t k = static_cast<size_t>(e.timed);
-    for (size_t p = 0; p + k <= v.size(); p += k) {  // one median per pass
-      std::vector<double> w(v.begin() + p, v.begin() + p + k);
+  std::vector<double> all;
+  for (const auto& v : e.samples) all.insert(all.end(), v.begin(), v.end());
+  return all;
+}
+
+std::vector<double> Tuner::figures(const std::vector<double>& samples, size_t m) {
+  const size_t per = m ? samples.size() / m : 0;  // kPasses x the timed calls of a pass
+  const size_t k = per / kPasses;
+  std::vector<double> best(m, 0.0);
+  if (k == 0) return best;
+  for (size_t c = 0; c < m; ++c) {
+    for (size_t p = 0; p + k <= per; p += k) {  // one median per pass
+      std::vector<double> w(samples.begin() + c * per + p, samples.begin() + c * per + p + k);
       std::nth_element(w.begin(), w.begin() + k / 2, w.end());
       best[c] = p == 0 ? w[k / 2] : std::min(best[c], w[k / 2]);
     }
   }
   return best;
+}
+
+void Tuner::settleSamples(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                          const std::vector<double>& samples) {
+  size_t m = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;
+    m = it->second.cands.size();
+  }
+  if (m == 0 || samples.size() % m != 0) return;
+  settle(key, profile, figures(samples, m));
 }
 
 void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,

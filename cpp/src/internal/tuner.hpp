@@ -19,11 +19,16 @@
 //   several calls after another algorithm, as many as carry kWarmBytes, at most kMaxWarm), then
 //   a barrier, then timed calls back to back, as training runs them (kTimed to kMaxTimed, as
 //   many as carry kTimedBytes). Below kSmallBytes, kSmallWarm and kSmallTimed: a short window
-//   there times the scheduler more than the algorithm. A candidate's figure is the better of
-//   its passes' medians.
-// - Decision: one all-reduce (MAX) of every candidate's figure over the group; from then on
-//   every call runs the fastest, the model's choice unless another is faster by more than
-//   1 - kSwitch (a near tie is the machine's noise).
+//   there times the scheduler more than the algorithm.
+// - Decision: one all-reduce (MAX) of every timed call's time over the group, so that each
+//   timed call counts at its slowest rank's time, as a benchmark's per-iteration time and a
+//   training step's wait do; a candidate's figure is the better of its passes' medians of
+//   those. A rank's own median reads a point-to-point algorithm fast where ranks run
+//   decoupled (a rank whose peer's messages have arrived returns at once while the peer waits):
+//   4 ranks of the VM, 4 KiB all_gather on 2-rank groups, each rank's median read rhd 6.6 us and
+//   flat 9.4, the mean of each call's slowest rank 12.2 and 10.7. From then on every call runs the
+//   fastest, the model's choice unless another is faster by more than 1 - kSwitch (a near tie
+//   is the machine's noise).
 // - Re-check: a switch away from the model's choice runs provisionally, then the shortlist is
 //   explored again and each candidate's figure becomes the lower of its two (a passing
 //   slowdown only adds time); that decision is final. The switch runs kRecheckGap times the
@@ -170,11 +175,18 @@ class Tuner {
     if (arrival) arriveLocked(e, s);
     return s;
   }
-  /// Records a timed call's seconds. Returns every candidate's local figure (the better of its
-  /// passes' medians) when this call was the key's last timed one (the caller makes them
-  /// common, then calls settle()).
+  /// Records a timed call's seconds. Returns every timed call's seconds of the exploration
+  /// (candidate by candidate, in call order: the same layout on every rank) when this call was
+  /// the key's last timed one; the caller makes them common (MAX over the group, call by call),
+  /// then calls settleSamples().
   std::vector<double> record(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                              const Step& step, double seconds);
+  /// Each candidate's figure from record()'s layout of `m` candidates: the better of its
+  /// passes' medians.
+  static std::vector<double> figures(const std::vector<double>& samples, size_t m);
+  /// settle() on the figures of the group's common samples.
+  void settleSamples(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                     const std::vector<double>& samples);
   /// Fixes the key's algorithm from the group's common times (one per candidate).
   void settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
               const std::vector<double>& seconds);

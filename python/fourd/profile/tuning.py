@@ -47,8 +47,9 @@ from .store import write_json
 # not carried over (a file of another version counts as empty and is overwritten). 2: flat's
 # small calls through persistent MPI requests, in-place reduce_scatter without a copy. 3: shm's
 # out-of-place all_gather reading the peers' inputs. 4: shm's copies without glibc's rep movsb,
-# its large out-of-place all_gather through the window with streamed stores.
-VERSION = 4
+# its large out-of-place all_gather through the window with streamed stores. 5: shm's in-place
+# all_gather reading the peers directly; tuning's figures from each timed call's slowest rank.
+VERSION = 5
 
 _OFF = ("0", "off", "false", "no")
 _ON = ("", "1", "on", "true", "yes")

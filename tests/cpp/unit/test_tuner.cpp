@@ -159,11 +159,21 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
         EXPECT_TRUE(got.empty());
         continue;
       }
-      ASSERT_EQ(got.size(), 3u);     // the last timed call hands back every figure:
-      for (int k = 0; k < 3; ++k) {  // the better pass's median (the upper middle of 12)
-        EXPECT_DOUBLE_EQ(got[k], std::min(pass1[k], pass2[k]) + 0.1 * (timed / 2));
+      // The last timed call hands back every timed call's time, candidate by candidate in
+      // call order (the caller makes them the group's MAX, call by call) ...
+      ASSERT_EQ(got.size(), 3u * Tuner::kPasses * timed);
+      for (int k = 0; k < 3; ++k) {
+        for (int j = 0; j < timed; ++j) {
+          EXPECT_DOUBLE_EQ(got[(k * 2 + 0) * timed + j], pass1[k] + 0.1 * j);
+          EXPECT_DOUBLE_EQ(got[(k * 2 + 1) * timed + j], pass2[k] + 0.1 * j);
+        }
       }
-      t.settle(kKey, prof, got);
+      const auto fig = Tuner::figures(got, 3);
+      ASSERT_EQ(fig.size(), 3u);     // ... whose figures are
+      for (int k = 0; k < 3; ++k) {  // the better pass's median (the upper middle of 12)
+        EXPECT_DOUBLE_EQ(fig[k], std::min(pass1[k], pass2[k]) + 0.1 * (timed / 2));
+      }
+      t.settleSamples(kKey, prof, got);
     }
   }
   EXPECT_EQ(made, 1);
@@ -203,7 +213,7 @@ TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
       if (!step.timed) continue;
       const auto got = tu.record(big, prof, step, times[step.candidate]);
       if (step.last) {
-        tu.settle(big, prof, got);
+        tu.settleSamples(big, prof, got);
         return n + 1;
       }
     }
@@ -266,7 +276,7 @@ TEST(Tuner, ASwitchOfASlowlyCalledKeyIsReCheckedAfterTheReCheckTimeOfCalls) {
        step = t.next(big, prof, make, false)) {
     if (!step.timed) continue;
     const auto got = t.record(big, prof, step, step.candidate == 0 ? 2.4 : 1.5);
-    if (step.last) t.settle(big, prof, got);
+    if (step.last) t.settleSamples(big, prof, got);
   }
   auto r = t.report(big, prof);
   ASSERT_EQ(r.state, "provisional");
@@ -423,7 +433,7 @@ TEST(Tuner, ASeededSwitchRunsAtOnceAndIsReCheckedWhenItsCallsOverTheRunsReachThe
   for (; step.candidate >= 0; step = t.next(big, prof, make)) {
     if (!step.timed) continue;
     const auto got = t.record(big, prof, step, step.candidate == 0 ? 1.0 : 1.6);
-    if (step.last) t.settle(big, prof, got);
+    if (step.last) t.settleSamples(big, prof, got);
   }
   r = t.report(big, prof);
   EXPECT_EQ(r.state, "settled");
@@ -454,7 +464,7 @@ TEST(Tuner, UpfrontTheFirstCallRunsTheModelsChoiceAndTheSecondStartsTheExplorati
   for (auto s = second; s.candidate >= 0; s = t.next(kKey, prof, make)) {
     if (s.timed) {
       const auto got = t.record(kKey, prof, s, s.candidate == 0 ? 1.0 : 2.0);
-      if (s.last) t.settle(kKey, prof, got);
+      if (s.last) t.settleSamples(kKey, prof, got);
     }
     ++steps;
   }
