@@ -36,7 +36,7 @@
 // chunk, which costs context switches when ranks outnumber cores, and (all_gather) the copy
 // into the window. all_gather reads directly only below 512 KiB per rank (up to 16 MiB of
 // output where ranks outnumber cores) or where every rank calls it in place (agreed at one extra
-// barrier), and from 16 MiB of output its copies through the window are streamed (gatherDirect,
+// barrier), and from 16 MiB of output its copies through the window are streamed (gatherPath,
 // streamMinBytes, shmAllGather). The bulk copies are copyCached's, not glibc's memcpy
 // (reduce_kernels.hpp). The cost model (cost_model.cpp) prices these phases (one chunk's
 // barriers; the n/k store of my reduced slice counted as a copy); calibration
@@ -402,20 +402,28 @@ size_t streamMinBytes() {
 }
 bool streamed(size_t outputBytes) { return outputBytes >= streamMinBytes(); }
 
-// Whether all_gather reads the peers' blocks directly (where the ranks may): from what every
-// member's call shares (block and output sizes), never from its placement, since members may
-// call in place and out of place in the same operation and the two paths pass different
-// barriers (the direct reads of either placement pass the same two).
-bool gatherDirect(size_t blockBytes, size_t outputBytes) {
-  if (cmaMode() == CmaMode::kOn) return true;
-  return !streamed(outputBytes) &&
-         (blockBytes < kCmaMaxGatherFromBytes || detail::oversubscribed());
-}
-
 bool useCma(const ShmWindow& w, size_t bytesPerRank, size_t minBytes = kCmaMinBytes) {
   if (!w.cma) return false;
   const CmaMode m = cmaMode();
   return m == CmaMode::kOn || (m == CmaMode::kAuto && bytesPerRank >= minBytes);
+}
+
+// How all_gather moves the blocks: kDirect, every rank reads its peers' blocks directly; kWindow,
+// every rank copies through the window; kAgree, every rank publishes its placement first, then
+// all read directly where all are in place and all go through the window otherwise. Decided from
+// what every member's call shares (block and output sizes, the window's probe, FOURD_SHM_CMA),
+// never from its own placement alone, since members may call in place and out of place in the
+// same operation and the paths pass different barriers (the direct reads of either placement
+// pass the same two).
+enum class GatherPath { kDirect, kWindow, kAgree };
+GatherPath gatherPath(const ShmWindow& w, size_t blockBytes, size_t outputBytes) {
+  const bool direct =
+      cmaMode() == CmaMode::kOn ||
+      (!streamed(outputBytes) && (blockBytes < kCmaMaxGatherFromBytes || detail::oversubscribed()));
+  if (direct) {
+    return useCma(w, blockBytes, kCmaMinBlockBytes) ? GatherPath::kDirect : GatherPath::kWindow;
+  }
+  return useCma(w, blockBytes, 0) ? GatherPath::kAgree : GatherPath::kWindow;
 }
 
 void publish(Schedule& s, ShmWindow* w, const void* a, const void* b) {
@@ -668,8 +676,8 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   char* buf = static_cast<char*>(bufV);
   char* const own = buf + B.offset(w->me) * es;
   const char* mine = mineV ? static_cast<const char*>(mineV) : own;
-  if (gatherDirect(B.maxCount() * es, B.total() * es) &&
-      useCma(*w, B.maxCount() * es, kCmaMinBlockBytes)) {
+  const GatherPath path = gatherPath(*w, B.maxCount() * es, B.total() * es);
+  if (path == GatherPath::kDirect) {
     return mine == own ? cmaAllGather(s, w, buf, B, es) : cmaAllGatherFrom(s, w, mine, buf, B, es);
   }
   const auto copy = stream ? streamCopy : copyCached;
@@ -693,9 +701,13 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   // skip the window's steps (`direct`, the same on every rank after the first barrier), and
   // otherwise all go through the window, so mixed placements stay consistent.
   std::shared_ptr<bool> direct;
-  if ((stream || B.maxCount() * es >= kCmaMaxGatherFromBytes) && useCma(*w, B.maxCount() * es, 0)) {
+  if (path == GatherPath::kAgree) {
     direct = std::make_shared<bool>(false);
-    publish(s, w, buf, reinterpret_cast<const void*>(uintptr_t{mine == own}));
+    const uint64_t inPlace = mine == own;
+    s.compute([w, buf, inPlace] {
+      *w->word(w->me, ShmWindow::kPubWord) = reinterpret_cast<uint64_t>(buf);
+      *w->word(w->me, ShmWindow::kPubWord + 1) = inPlace;
+    });
     barrier(s, w);
     s.compute([w, direct, buf, B, es] {
       bool all = true;
