@@ -41,8 +41,7 @@ py::tuple roundTrip(const std::string& text, uintptr_t in, uintptr_t out, size_t
   std::vector<char> enc(codec->maxEncodedBytes(count));
   size_t bytes = 0;
   double te = 0, td = 0;
-  {
-    py::gil_scoped_release nogil;
+  withoutGil([&] {
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
     bytes = codec->encode(reinterpret_cast<const void*>(in), count, enc.data());
@@ -51,7 +50,7 @@ py::tuple roundTrip(const std::string& text, uintptr_t in, uintptr_t out, size_t
     const auto t2 = Clock::now();
     te = std::chrono::duration<double>(t1 - t0).count();
     td = std::chrono::duration<double>(t2 - t1).count();
-  }
+  });
   return py::make_tuple(bytes, te, td);
 }
 

@@ -319,10 +319,15 @@ static void bindModelFunctions(py::module_& m) {
       py::arg("collective"), py::arg("nbytes"), py::arg("dtype"), py::arg("shape"),
       py::arg("profile"), py::arg("in_place") = false,
       "The supported algorithm with the smallest prediction (never 'auto').");
-  m.def("reduce_kernel_seconds", &reduceKernelSeconds, py::arg("dtype"), py::arg("nbytes"),
-        py::arg("inputs") = 2, py::arg("reps") = 3, py::arg("many") = false,
-        py::call_guard<py::gil_scoped_release>(),
-        "Best-of-reps seconds of fourd's sum kernel over `inputs` arrays of `nbytes` each.");
+  m.def(
+      "reduce_kernel_seconds",
+      [](const std::string& dtype, long long nbytes, int inputs, int reps, bool many) {
+        return fourd_py::withoutGil(
+            [&] { return reduceKernelSeconds(dtype, nbytes, inputs, reps, many); });
+      },
+      py::arg("dtype"), py::arg("nbytes"), py::arg("inputs") = 2, py::arg("reps") = 3,
+      py::arg("many") = false,
+      "Best-of-reps seconds of fourd's sum kernel over `inputs` arrays of `nbytes` each.");
   m.def("memory_time_scale", &fourd::memoryTimeScale, py::arg("profile"),
         py::arg("node_working_set_bytes"),
         "Time multiplier (0, 1] of the memory-bound terms when the node's ranks together touch "

@@ -38,11 +38,12 @@ void register_cuda(py::module_& m) {
          uintptr_t stream, double avgFactor) {
         std::vector<const void*> p(srcs.size());
         for (size_t i = 0; i < srcs.size(); ++i) p[i] = reinterpret_cast<const void*>(srcs[i]);
-        py::gil_scoped_release rel;
-        fourd::cuda::reduce(reinterpret_cast<void*>(dst), p.data(), static_cast<int>(p.size()),
-                            count, static_cast<fourd::DataType>(dtype),
-                            static_cast<fourd::ReduceOp>(op), reinterpret_cast<void*>(stream),
-                            avgFactor);
+        fourd_py::withoutGil([&] {
+          fourd::cuda::reduce(reinterpret_cast<void*>(dst), p.data(), static_cast<int>(p.size()),
+                              count, static_cast<fourd::DataType>(dtype),
+                              static_cast<fourd::ReduceOp>(op), reinterpret_cast<void*>(stream),
+                              avgFactor);
+        });
       },
       py::arg("dst"), py::arg("srcs"), py::arg("count"), py::arg("dtype"), py::arg("op"),
       py::arg("stream") = 0, py::arg("avg_factor") = 0.0,
@@ -51,10 +52,11 @@ void register_cuda(py::module_& m) {
       "cuda_permute_blocks",
       [](uintptr_t dst, uintptr_t src, size_t blockBytes, const std::vector<int>& perm,
          uintptr_t stream) {
-        py::gil_scoped_release rel;
-        fourd::cuda::permuteBlocks(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
-                                   blockBytes, perm.data(), static_cast<int>(perm.size()),
-                                   reinterpret_cast<void*>(stream));
+        fourd_py::withoutGil([&] {
+          fourd::cuda::permuteBlocks(
+              reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), blockBytes,
+              perm.data(), static_cast<int>(perm.size()), reinterpret_cast<void*>(stream));
+        });
       },
       py::arg("dst"), py::arg("src"), py::arg("block_bytes"), py::arg("perm"),
       py::arg("stream") = 0, "dst block i = src block perm[i], enqueued on `stream`.");

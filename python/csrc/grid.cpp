@@ -60,14 +60,13 @@ template <class F>
 auto released(F&& f) -> decltype(f()) {
   std::exception_ptr err;
   decltype(f()) result{};
-  {
-    py::gil_scoped_release rel;
+  withoutGil([&] {
     try {
       result = f();
     } catch (...) {
       err = std::current_exception();
     }
-  }
+  });
   if (err) {
     if (PyErr_Occurred()) throw py::error_already_set();
     std::rethrow_exception(err);
@@ -166,12 +165,13 @@ void waitWork(Work& w, py::object timeout) {
   const double limit = timeout.is_none() ? -1.0 : timeout.cast<double>();
   const auto start = std::chrono::steady_clock::now();
   auto slice = [&w](double seconds) {
-    py::gil_scoped_release rel;
-    try {
-      return w.wait(seconds);
-    } catch (...) {
-      return true;  // completed with an error: rethrown below with the GIL held
-    }
+    return withoutGil([&] {
+      try {
+        return w.wait(seconds);
+      } catch (...) {
+        return true;  // completed with an error: rethrown below with the GIL held
+      }
+    });
   };
   while (true) {
     double step = 0.05;
@@ -999,6 +999,9 @@ void bindQueries(CommunicatorClass& c) {
 // Deletes a Grid with the GIL released: its destructor drains the communicators, whose progress
 // threads take the GIL to release the Python buffers of operations that complete meanwhile.
 // Holding the GIL there kept them from finishing until the deadline.
+// (gil_scoped_release's reacquire in a noexcept frame would abort a daemon thread that finalization
+// ends there, as withoutGil's comment says; a deleter is noexcept whatever it uses, and the
+// check below leaves that only to a grid dropped by a daemon thread in the moment exit begins.)
 struct GridDeleter {
   void operator()(Grid* g) const noexcept {
     if (Py_IsInitialized() && !isFinalizing() && PyGILState_Check()) {
@@ -1078,10 +1081,7 @@ void bindGrid(py::module_& m) {
           py::return_value_policy::reference_internal,
           "The communicator of these world ranks in this order (collective over them).")
       .def("finalize",
-           [](Grid& g, double timeout) {
-             py::gil_scoped_release rel;
-             return g.finalize(timeout);
-           })
+           [](Grid& g, double timeout) { return withoutGil([&] { return g.finalize(timeout); }); })
       .def_property_readonly("profile", [](const Grid& g) { return g.profile(); })
       .def("set_profile", &Grid::setProfile);
 }

@@ -115,6 +115,17 @@ def test_interpreter_exit_with_operations_in_flight():
     assert "Segmentation" not in r.stdout and "Abort" not in r.stdout
 
 
+def test_interpreter_exit_with_daemon_threads_inside_fourd():
+    """Python ends a daemon thread that takes the GIL back during finalization; fourd's
+    bindings let it end instead of aborting the process (python/csrc/bindings.hpp, withoutGil).
+    Several runs: each catches the threads at another point of their loops."""
+    for _ in range(3):
+        r = run_mpi(2, [f"{FAULTS}/daemon_at_exit.py"], timeout=120, check=False)
+        assert r.returncode == 0, r.stdout[-3000:]
+        assert r.stdout.count("exiting with daemon threads in fourd") == 2, r.stdout[-3000:]
+        assert "terminate called" not in r.stdout, r.stdout[-3000:]
+
+
 def test_soak_10000_async_operations():
     """With faults injected on grids of their own (soak.py): a rank that times out and reuses
     its buffer, Ctrl-C during a wait, threads on different axes."""
