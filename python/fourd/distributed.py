@@ -31,6 +31,7 @@ explicitly).
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import functools
 import importlib
@@ -439,12 +440,23 @@ def _source_of(pending) -> int:
 class _Progress:
     """One daemon thread that completes the Works nobody waits for: those whose future was
     asked for (DDP hooks chain on it) and MPI operations (MPI progresses them only inside MPI
-    calls). fourd operations it waits for natively, without the GIL; MPI ones it polls."""
+    calls). fourd operations it waits for natively, without the GIL; MPI ones it polls. It is
+    stopped at interpreter exit (_stop_progress), before fourd and mpi4py finalize: a thread
+    still polling MPI then would call it during MPI_Finalize."""
 
     def __init__(self):
         self._cv = threading.Condition()
         self._works: list = []
-        threading.Thread(target=self._run, name="fourd.distributed", daemon=True).start()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="fourd.distributed", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Ends the thread (within `timeout`: it waits at most 2 ms at a time)."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout)
 
     def add(self, work: Work) -> None:
         with self._cv:
@@ -455,9 +467,11 @@ class _Progress:
         pause = 0.0
         while True:
             with self._cv:
-                while not self._works:
+                while not self._works and not self._stop:
                     self._cv.wait()
                     pause = 0.0
+                if self._stop:
+                    return
                 works = list(self._works)
             left = [w for w in works if not w._advance(0.0)]
             with self._cv:
@@ -485,6 +499,18 @@ def _progress() -> _Progress:
         if _progress_thread is None:
             _progress_thread = _Progress()
         return _progress_thread
+
+
+def _stop_progress() -> None:
+    """At exit: registered after fourd's own exit handler, so it runs first."""
+    global _progress_thread
+    with _progress_lock:
+        thread, _progress_thread = _progress_thread, None
+    if thread is not None:
+        thread.stop(1.0)
+
+
+atexit.register(_stop_progress)
 
 
 def _forget_progress_thread() -> None:
