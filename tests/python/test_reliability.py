@@ -126,6 +126,12 @@ def test_interpreter_exit_with_daemon_threads_inside_fourd():
         assert "terminate called" not in r.stdout, r.stdout[-3000:]
 
 
+def test_torch_backend_stops_its_progress_thread_before_finalize():
+    r = run_mpi(2, [f"{FAULTS}/torch_exit.py"], timeout=120, env={"FOURD_CALIBRATE": "0"})
+    assert r.stdout.count("running ['fourd.distributed']") == 2, r.stdout[-3000:]
+    assert r.stdout.count("at exit, progress threads []") == 2, r.stdout[-3000:]
+
+
 def test_soak_10000_async_operations():
     """With faults injected on grids of their own (soak.py): a rank that times out and reuses
     its buffer, Ctrl-C during a wait, threads on different axes."""
