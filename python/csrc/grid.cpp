@@ -999,9 +999,9 @@ void bindQueries(CommunicatorClass& c) {
 // Deletes a Grid with the GIL released: its destructor drains the communicators, whose progress
 // threads take the GIL to release the Python buffers of operations that complete meanwhile.
 // Holding the GIL there kept them from finishing until the deadline.
-// (gil_scoped_release's reacquire in a noexcept frame would abort a daemon thread that finalization
-// ends there, as withoutGil's comment says; a deleter is noexcept whatever it uses, and the
-// check below leaves that only to a grid dropped by a daemon thread in the moment exit begins.)
+// The GIL comes back in gil_scoped_release's destructor here, not through withoutGil: a deleter
+// is noexcept either way. Only a grid dropped by a daemon thread at the very moment the
+// interpreter starts exiting could meet the abort that withoutGil avoids (bindings.hpp).
 struct GridDeleter {
   void operator()(Grid* g) const noexcept {
     if (Py_IsInitialized() && !isFinalizing() && PyGILState_Check()) {
