@@ -426,12 +426,15 @@ GatherPath gatherPath(const ShmWindow& w, size_t blockBytes, size_t outputBytes)
   return useCma(w, blockBytes, 0) ? GatherPath::kAgree : GatherPath::kWindow;
 }
 
-void publish(Schedule& s, ShmWindow* w, const void* a, const void* b) {
+// Appends the publication of this rank's two words for an operation's peers: its buffers'
+// addresses for their direct reads (addressOf), or all_gather's placement.
+void publish(Schedule& s, ShmWindow* w, uint64_t a, uint64_t b) {
   s.compute([w, a, b] {
-    *w->word(w->me, ShmWindow::kPubWord) = reinterpret_cast<uint64_t>(a);
-    *w->word(w->me, ShmWindow::kPubWord + 1) = reinterpret_cast<uint64_t>(b);
+    *w->word(w->me, ShmWindow::kPubWord) = a;
+    *w->word(w->me, ShmWindow::kPubWord + 1) = b;
   });
 }
+uint64_t addressOf(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 uint64_t published(const ShmWindow* w, int j, int which) {
   return *w->word(j, ShmWindow::kPubWord + which);
@@ -489,7 +492,7 @@ void cmaGatherOthers(const ShmWindow* w, int which, char* buf, const Blocks& B, 
 }
 
 void cmaAllGather(Schedule& s, ShmWindow* w, char* buf, const Blocks& B, size_t es) {
-  publish(s, w, buf, nullptr);
+  publish(s, w, addressOf(buf), 0);
   barrier(s, w);
   s.compute([=] { cmaGatherOthers(w, 0, buf, B, es); });
   barrier(s, w);
@@ -503,11 +506,7 @@ void cmaAllGather(Schedule& s, ShmWindow* w, char* buf, const Blocks& B, size_t 
 // block, and MPI's own out-of-place call pays it too (bench/README.md).
 void cmaAllGatherFrom(Schedule& s, ShmWindow* w, const char* in, char* out, const Blocks& B,
                       size_t es) {
-  const uint64_t base = reinterpret_cast<uint64_t>(in) - B.offset(w->me) * es;
-  s.compute([w, base] {
-    *w->word(w->me, ShmWindow::kPubWord) = base;
-    *w->word(w->me, ShmWindow::kPubWord + 1) = 0;
-  });
+  publish(s, w, addressOf(in) - B.offset(w->me) * es, 0);
   barrier(s, w);
   s.compute([=] {
     copyCached(out + B.offset(w->me) * es, in, B.count(w->me) * es);
@@ -518,7 +517,7 @@ void cmaAllGatherFrom(Schedule& s, ShmWindow* w, const char* in, char* out, cons
 
 void cmaReduceScatter(Schedule& s, ShmWindow* w, const char* in, char* out, const Blocks& B,
                       DataType t, ReduceOp op) {
-  publish(s, w, in, nullptr);
+  publish(s, w, addressOf(in), 0);
   barrier(s, w);
   s.compute([=] { cmaReduceMine(w, 0, in, out, B, t, op); });
   barrier(s, w);
@@ -531,7 +530,7 @@ void cmaAllReduce(Schedule& s, ShmWindow* w, const char* in, char* out, size_t c
                   ReduceOp op) {
   const size_t es = dataTypeSize(t);
   const Blocks B = Blocks::even(count, w->k);
-  publish(s, w, in, out);
+  publish(s, w, addressOf(in), addressOf(out));
   barrier(s, w);
   s.compute([=] { cmaReduceMine(w, 0, in, out + B.offset(w->me) * es, B, t, op); });
   barrier(s, w);
@@ -703,11 +702,7 @@ void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataT
   std::shared_ptr<bool> direct;
   if (path == GatherPath::kAgree) {
     direct = std::make_shared<bool>(false);
-    const uint64_t inPlace = mine == own;
-    s.compute([w, buf, inPlace] {
-      *w->word(w->me, ShmWindow::kPubWord) = reinterpret_cast<uint64_t>(buf);
-      *w->word(w->me, ShmWindow::kPubWord + 1) = inPlace;
-    });
+    publish(s, w, addressOf(buf), mine == own ? 1 : 0);
     barrier(s, w);
     s.compute([w, direct, buf, B, es] {
       bool all = true;
