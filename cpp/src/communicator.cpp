@@ -147,11 +147,13 @@ Communicator::Tuning Communicator::tuning(Collective c, size_t nbytes, DataType 
     return out;
   }
   const CallShape call{c, nbytes, dtype, inPlace};
-  const auto r = tuner.report(call.key(), st.host->profile());
+  const auto r = tuner.report(call.key(), st.host->profile(), inPlace);
   out.state = r.state;
   out.candidates = r.candidates;
   out.seconds = r.seconds;
   out.settled = r.settled;
+  out.agreed = r.inPlace != Algorithm::kAuto;
+  out.inPlaceSettled = r.inPlace;
   out.exploreCalls = r.exploreCalls;
   out.recheckGap = r.recheckGap;
   out.period = r.period;
@@ -165,7 +167,7 @@ std::vector<Communicator::TunedCall> Communicator::tunedCalls() const {
   for (const auto& c : st.selector.tuner().choices(st.host->profile())) {
     out.push_back({static_cast<Collective>(std::get<0>(c.key)), std::get<1>(c.key),
                    static_cast<DataType>(std::get<2>(c.key)), c.algorithm, c.provisional, c.calls,
-                   c.cands, c.seconds, c.gap});
+                   c.cands, c.seconds, c.gap, c.inPlace});
   }
   return out;
 }
@@ -182,21 +184,28 @@ int Communicator::seedTuning(const std::vector<TunedCall>& calls) {
     // Only a choice this group would consider: the same profile and shape give the same
     // shortlist on every rank, so every rank takes the same seeds.
     const auto cands = st.selector.shortlist(call, profile);
-    if (std::find(cands.begin(), cands.end(), c.algorithm) == cands.end()) continue;
+    auto considered = [&](Algorithm a) {
+      return std::find(cands.begin(), cands.end(), a) != cands.end();
+    };
+    if (!considered(c.algorithm)) continue;
+    if (c.inPlace != Algorithm::kAuto && !considered(c.inPlace)) continue;
     if (!c.provisional) {
-      tuner.seed(call.key(), profile, c.algorithm);
+      tuner.seed(call.key(), profile, c.algorithm, c.inPlace);
       ++taken;
       continue;
     }
-    const bool figures = c.seconds.size() == cands.size() &&
-                         std::all_of(c.seconds.begin(), c.seconds.end(),
-                                     [](double s) { return std::isfinite(s) && s > 0; });
-    if (c.candidates != cands || c.algorithm == cands[0] || !figures || c.calls < 0 ||
-        c.recheckGap < 0) {
+    // One figure per candidate, or two (out of place, in place) where both were timed.
+    const bool figures =
+        (c.seconds.size() == cands.size() || c.seconds.size() == 2 * cands.size()) &&
+        std::all_of(c.seconds.begin(), c.seconds.end(),
+                    [](double s) { return std::isfinite(s) && s > 0; });
+    const bool switched =
+        c.algorithm != cands[0] || (c.inPlace != Algorithm::kAuto && c.inPlace != cands[0]);
+    if (c.candidates != cands || !switched || !figures || c.calls < 0 || c.recheckGap < 0) {
       continue;
     }
-    tuner.seedProvisional(call.key(), profile, cands, c.algorithm, c.seconds, c.calls,
-                          c.recheckGap);
+    tuner.seedProvisional(call.key(), profile, cands, c.algorithm, c.seconds, c.calls, c.recheckGap,
+                          c.inPlace);
     ++taken;
   }
   return taken;

@@ -1,5 +1,6 @@
 // The engine of one operation (internal/op_spec.hpp): what runs between dispatch and the
 // algorithm, on the thread that runs it.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -212,7 +213,29 @@ std::vector<double> groupMax(Backend& b, std::vector<double> mine, OpContext& ct
 // time of a timed call goes back to the tuning, and after the last timed call of the key every
 // timed call's time becomes its slowest rank's (one MAX all-reduce on this group, at the same
 // call on every rank), from which the tuning takes each candidate's figure.
-void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContext& ctx) {
+// Whether every rank of the group calls in place: one MAX all-reduce of a word (a split key's
+// agreement before each call, tuner.hpp), the same call on every rank.
+bool allInPlace(Backend& b, bool mine, OpContext& ctx) {
+  return groupMax(b, {mine ? 0.0 : 1.0}, ctx)[0] == 0.0;
+}
+
+// What a two-placement exploration makes common besides its times, appended to them before
+// their MAX all-reduce: what one placement agreement costs on this group (the median of
+// kAgreeRuns, timed as calls would pay them) and whether this rank's call is out of place.
+void appendPlacing(Backend& b, std::vector<double>& mine, bool callInPlace, OpContext& ctx) {
+  std::vector<double> t(Tuner::kAgreeRuns);
+  for (double& x : t) {
+    const auto t0 = Clock::now();
+    allInPlace(b, callInPlace, ctx);
+    x = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  mine.push_back(t[t.size() / 2]);
+  mine.push_back(callInPlace ? 0.0 : 1.0);
+}
+
+void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContext& ctx,
+             bool callInPlace) {
   Tuner& tuner = s.selector.tuner();
   ctx.algorithm = algorithmName(step.algorithm);
   Backend& b = s.host->backend();
@@ -226,7 +249,17 @@ void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContex
   const Tuner::Key key = spec.call.key();
   std::vector<double> mine = tuner.record(key, spec.profile, step, dt);
   if (mine.empty()) return;
-  tuner.settleSamples(key, spec.profile, groupMax(b, std::move(mine), ctx));
+  if (!step.placements2) {
+    tuner.settleSamples(key, spec.profile, groupMax(b, std::move(mine), ctx));
+    return;
+  }
+  appendPlacing(b, mine, callInPlace, ctx);
+  std::vector<double> common = groupMax(b, std::move(mine), ctx);
+  Tuner::Placing placing;
+  placing.allInPlace = common.back() == 0.0;
+  placing.agreeSeconds = common[common.size() - 2];
+  common.resize(common.size() - 2);
+  tuner.settleSamples(key, spec.profile, common, placing);
 }
 
 struct FreeDeleter {
@@ -255,6 +288,42 @@ OpSpec trialSpec(const OpSpec& spec, TrialStorage& hold) {
   return t;
 }
 
+// The buffers a two-placement exploration runs the other placement than the call's on: zeros
+// of the call's sizes held by `hold`, laid out in place (nccl-tests' layout: this rank's block
+// of the all_gather output or of the reduce_scatter input) or out of place.
+OpSpec otherPlacementSpec(const OpSpec& spec, int rank, TrialStorage& hold) {
+  OpSpec t = spec;
+  const bool in = !spec.call.inPlace;  // the placement to run
+  const size_t inBytes = spec.in.bytes(), outBytes = spec.out.bytes();
+  auto round = [](size_t b) { return (b + 63) / 64 * 64; };
+  const size_t total = in ? std::max(inBytes, outBytes) : round(inBytes) + round(outBytes);
+  hold.reset(std::aligned_alloc(64, std::max<size_t>(64, round(total))));
+  if (!hold) throw std::bad_alloc();
+  std::memset(hold.get(), 0, total);
+  char* base = static_cast<char*>(hold.get());
+  t.call.inPlace = in;
+  t.inPlace = in && spec.coll == Collective::kReduceScatter;
+  if (!in) {
+    t.in.data = base;
+    t.out.data = base + round(inBytes);
+    return t;
+  }
+  switch (spec.coll) {
+    case Collective::kAllGather:  // the input is this rank's block of the output
+      t.out.data = base;
+      t.in.data = base + static_cast<size_t>(rank) * inBytes;
+      break;
+    case Collective::kReduceScatter:  // the output is this rank's block of the input
+      t.in.data = base;
+      t.out.data = base + static_cast<size_t>(rank) * outBytes;
+      break;
+    default:
+      t.in.data = t.out.data = base;
+      break;
+  }
+  return t;
+}
+
 // An `auto` call on host buffers: its tuning (tuner.hpp) picks the algorithm. Upfront (the
 // default), a key's exploration runs whole inside its second call, on trialSpec's buffers,
 // before the call's own work runs with the choice; inline, one step per call.
@@ -264,18 +333,29 @@ void runTuned(CommState& s, const OpSpec& spec, OpContext& ctx) {
   auto shortlist = [&] { return s.selector.shortlist(spec.call, spec.profile); };
   Tuner::Step step = tuner.next(key, spec.profile, shortlist);
   if (step.candidate >= 0 && tuner.upfront()) {
-    TrialStorage hold;
+    TrialStorage hold, holdOther;
     const OpSpec trial = trialSpec(spec, hold);
+    // A two-placement exploration runs the call's placement on `trial`, the other on `other`.
+    const OpSpec other =
+        step.placements2 ? otherPlacementSpec(spec, s.host->backend().rank(), holdOther) : trial;
     // Bounded (twice the longest exploration, kPasses x kMaxCandidates x (kSmallWarm +
     // kSmallTimed) calls), so that a profile replaced meanwhile cannot restart it forever.
     const int most =
         2 * Tuner::kPasses * Tuner::kMaxCandidates * (Tuner::kSmallWarm + Tuner::kSmallTimed);
     for (int i = 0; step.candidate >= 0 && i < most; ++i) {
-      runStep(s, trial, step, ctx);
+      const bool same = !step.placements2 || step.trialInPlace == spec.call.inPlace;
+      runStep(s, same ? trial : other, step, ctx, spec.call.inPlace);
       step = tuner.next(key, spec.profile, shortlist, false);
     }
   }
-  runStep(s, spec, step, ctx);
+  // A split key: the group agrees on the placement first (every rank in place: the in-place
+  // winner; else the out-of-place one).
+  if (step.candidate < 0 && step.inPlace != Algorithm::kAuto) {
+    const bool all = allInPlace(s.host->backend(), spec.call.inPlace, ctx);
+    if (all) step.algorithm = step.inPlace;
+    tuner.agreed(key, spec.profile, all);
+  }
+  runStep(s, spec, step, ctx, spec.call.inPlace);
   if (step.agree) {  // a switch's call period, made common (the same call on every rank)
     tuner.agreePeriod(key, spec.profile, groupMax(s.host->backend(), {step.period}, ctx)[0]);
   }

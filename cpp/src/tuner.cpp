@@ -51,7 +51,7 @@ int Tuner::recheckGap(int exploreCalls, double period) {
 
 int Tuner::exploreCallsLocked(const Entry& e) const {
   const int m = static_cast<int>(e.cands.size());
-  return m <= 1 ? 0 : kPasses * m * (e.warm + e.timed);
+  return m <= 1 ? 0 : kPasses * m * e.placements * (e.warm + e.timed);
 }
 
 void Tuner::arriveLocked(Entry& e, Step& s) {
@@ -75,6 +75,22 @@ void Tuner::agreePeriod(const Key& key, const std::shared_ptr<const MachineProfi
   Entry& e = it->second;
   e.period = period;
   e.gap = recheckGap(exploreCallsLocked(e), period);
+}
+
+void Tuner::agreed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                   bool allInPlace) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (profile_ != profile) return;
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.inPlace == Algorithm::kAuto) return;
+  Entry& e = it->second;
+  if (e.sameInARow > 0 && allInPlace != e.lastAllInPlace) e.sameInARow = 0;
+  e.lastAllInPlace = allInPlace;
+  if (++e.sameInARow < kAgreeCalls) return;
+  // The program calls it one way: that placement's winner, without agreeing.
+  if (allInPlace) e.settled = e.inPlace;
+  e.inPlace = Algorithm::kAuto;
+  e.sameInARow = 0;
 }
 
 size_t Tuner::decide(const std::vector<double>& seconds) {
@@ -101,13 +117,16 @@ Tuner::Entry& Tuner::entryLocked(const Key& key,
     it = entries_.emplace(key, Entry{}).first;
     it->second.timed = timedCalls(std::get<1>(key));
     it->second.warm = warmCalls(std::get<1>(key));
+    it->second.placements = placements(std::get<1>(key));
   }
   return it->second;
 }
 
 Tuner::Step Tuner::stepLocked(Entry& e) {
   Step s;
-  const int m = static_cast<int>(e.cands.size());
+  const int nc = static_cast<int>(e.cands.size());
+  const int np = nc > 1 ? e.placements : 1;
+  const int m = nc * np;  // what is timed: each candidate in each placement
   const int per = e.warm + e.timed;
   const int total = kPasses * m * per;
   if (e.provisional && e.sinceSettle >= (e.gap > 0 ? e.gap : kRecheckGap * total)) {
@@ -123,9 +142,10 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
   if (e.settled != Algorithm::kAuto) {
     if (e.provisional) ++e.sinceSettle;
     s.algorithm = e.settled;
+    s.inPlace = e.inPlace;
     return s;
   }
-  if (m <= 1) {  // nothing to compare
+  if (nc <= 1) {  // nothing to compare
     e.settled = e.cands.empty() ? Algorithm::kFlat : e.cands[0];
     s.algorithm = e.settled;
     return s;
@@ -142,7 +162,9 @@ Tuner::Step Tuner::stepLocked(Entry& e) {
   const int block = (i % (m * per)) / per;
   const int pos = i % per;
   s.candidate = pass % 2 == 0 ? block : m - 1 - block;
-  s.algorithm = e.cands[s.candidate];
+  s.algorithm = e.cands[s.candidate / np];
+  s.placements2 = np == 2;
+  s.trialInPlace = np == 2 && s.candidate % 2 == 1;
   s.timed = pos >= e.warm;
   s.barrier = pos == e.warm;
   s.last = i == total - 1;
@@ -180,36 +202,63 @@ std::vector<double> Tuner::figures(const std::vector<double>& samples, size_t m)
 }
 
 void Tuner::settleSamples(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
-                          const std::vector<double>& samples) {
+                          const std::vector<double>& samples, const Placing& placing) {
   size_t m = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return;
-    m = it->second.cands.size();
+    m = it->second.cands.size() * static_cast<size_t>(it->second.placements);
   }
   if (m == 0 || samples.size() % m != 0) return;
-  settle(key, profile, figures(samples, m));
+  settle(key, profile, figures(samples, m), placing);
 }
 
 void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
-                   const std::vector<double>& seconds) {
+                   const std::vector<double>& seconds, const Placing& placing) {
   std::lock_guard<std::mutex> lock(mu_);
   if (profile_ != profile) return;
   auto it = entries_.find(key);
-  if (it == entries_.end() || seconds.size() != it->second.cands.size()) return;
+  if (it == entries_.end()) return;
   Entry& e = it->second;
+  const size_t np = static_cast<size_t>(e.placements);
+  if (seconds.size() != e.cands.size() * np) return;
   if (e.settled != Algorithm::kAuto) return;  // already settled (a repeated call)
   std::vector<double> figures = seconds;
-  if (e.round == 1) {  // the re-check: each candidate's lower figure of the two explorations
-    for (size_t i = 0; i < figures.size() && i < e.seconds.size(); ++i) {
-      figures[i] = std::min(figures[i], e.seconds[i]);
+  if (e.round == 1 && e.seconds.size() == figures.size()) {
+    // The re-check: each figure's lower of the two explorations.
+    for (size_t i = 0; i < figures.size(); ++i) figures[i] = std::min(figures[i], e.seconds[i]);
+  }
+  size_t pick = 0;
+  e.inPlace = Algorithm::kAuto;
+  if (np == 1) {
+    pick = decide(figures);
+  } else {
+    std::vector<double> out, in;
+    for (size_t i = 0; i < figures.size(); i += 2) {
+      out.push_back(figures[i]);
+      in.push_back(figures[i + 1]);
+    }
+    const size_t wOut = decide(out), wIn = decide(in);
+    // One algorithm for every call: the winner of the placement the group explored with. Split
+    // where the other placement's winner gains more there than kAgreeGain agreements cost.
+    const bool allIn = placing.allInPlace;
+    pick = allIn ? wIn : wOut;
+    const size_t other = allIn ? wOut : wIn;
+    const std::vector<double>& there = allIn ? out : in;
+    const double gain = there[pick] - there[other];
+    if (other != pick && std::isfinite(placing.agreeSeconds) &&
+        gain > kAgreeGain * placing.agreeSeconds && gain > (1.0 - kSwitch) * there[pick]) {
+      pick = wOut;
+      e.inPlace = e.cands[wIn];
     }
   }
-  const size_t pick = decide(figures);
+  e.sameInARow = 0;
   e.seconds = figures;
   e.settled = e.cands[pick];
-  e.provisional = e.round == 0 && pick != 0;
+  // A switch away from the model's choice, in either placement, is re-checked.
+  e.provisional =
+      e.round == 0 && (pick != 0 || (e.inPlace != Algorithm::kAuto && e.inPlace != e.cands[0]));
   e.sinceSettle = 0;
   if (e.round == 0) {  // a switch agrees its period from here; a re-check keeps the figures
     e.gap = 0;
@@ -220,24 +269,27 @@ void Tuner::settle(const Key& key, const std::shared_ptr<const MachineProfile>& 
 }
 
 void Tuner::seed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
-                 Algorithm algorithm) {
+                 Algorithm algorithm, Algorithm inPlace) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entryLocked(key, profile);
   e = Entry{};
   e.cands = {algorithm};
   e.settled = algorithm;
+  e.inPlace = inPlace == algorithm ? Algorithm::kAuto : inPlace;
   e.saved = true;
 }
 
 void Tuner::seedProvisional(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                             std::vector<Algorithm> cands, Algorithm algorithm,
-                            std::vector<double> seconds, int calls, int gap) {
+                            std::vector<double> seconds, int calls, int gap, Algorithm inPlace) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& e = entryLocked(key, profile);
   const int timed = e.timed, warm = e.warm;
   e = Entry{};
   e.timed = timed;
   e.warm = warm;
+  e.placements = seconds.size() == 2 * cands.size() ? 2 : 1;
+  e.inPlace = inPlace == algorithm ? Algorithm::kAuto : inPlace;
   e.cands = std::move(cands);
   e.settled = algorithm;
   e.provisional = true;
@@ -255,16 +307,16 @@ std::vector<Tuner::Choice> Tuner::choices(
   for (const auto& [key, e] : entries_) {
     if (e.settled == Algorithm::kAuto) continue;  // exploring, or not yet
     if (e.provisional) {
-      out.push_back({key, e.settled, true, e.sinceSettle, e.seconds, e.cands, e.gap});
+      out.push_back({key, e.settled, true, e.sinceSettle, e.seconds, e.cands, e.gap, e.inPlace});
     } else if (e.cands.size() > 1 || e.saved) {  // a single candidate is no decision
-      out.push_back({key, e.settled, false, 0, {}, {}});
+      out.push_back({key, e.settled, false, 0, {}, {}, 0, e.inPlace});
     }
   }
   return out;
 }
 
-Tuner::Report Tuner::report(const Key& key,
-                            const std::shared_ptr<const MachineProfile>& profile) const {
+Tuner::Report Tuner::report(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                            bool inPlace) const {
   std::lock_guard<std::mutex> lock(mu_);
   Report r;
   if (profile_ != profile) return r;
@@ -272,7 +324,14 @@ Tuner::Report Tuner::report(const Key& key,
   if (it == entries_.end()) return r;
   const Entry& e = it->second;
   r.candidates = e.cands;
-  r.seconds = e.seconds;
+  r.placements = e.placements;
+  r.inPlace = e.inPlace;
+  if (e.placements == 2 && e.seconds.size() == 2 * e.cands.size()) {
+    for (size_t i = inPlace ? 1 : 0; i < e.seconds.size(); i += 2)
+      r.seconds.push_back(e.seconds[i]);
+  } else {
+    r.seconds = e.seconds;
+  }
   r.settled = e.settled;
   r.exploreCalls = exploreCallsLocked(e);
   r.recheckGap = e.gap > 0 ? e.gap : kRecheckGap * r.exploreCalls;

@@ -875,32 +875,39 @@ void bindSavedTuning(CommunicatorClass& c) {
        [](const Communicator& c) {
          py::list out;
          for (const auto& t : c.tunedCalls()) {
-           py::tuple call =
-               py::make_tuple(fourd::collectiveName(t.collective), t.nbytes,
-                              fourd::toString(t.dtype), fourd::algorithmName(t.algorithm));
+           py::list call;
+           call.append(fourd::collectiveName(t.collective));
+           call.append(t.nbytes);
+           call.append(fourd::toString(t.dtype));
+           call.append(fourd::algorithmName(t.algorithm));
            if (t.provisional) {
              py::list cands;
              for (auto a : t.candidates) cands.append(fourd::algorithmName(a));
-             call = py::make_tuple(call[0], call[1], call[2], call[3], t.calls, cands,
-                                   py::cast(t.seconds), t.recheckGap);
+             call.append(t.calls);
+             call.append(cands);
+             call.append(py::cast(t.seconds));
+             call.append(t.recheckGap);
            }
-           out.append(call);
+           if (t.inPlace != fourd::Algorithm::kAuto) call.append(fourd::algorithmName(t.inPlace));
+           out.append(py::tuple(call));
          }
          return out;
        },
        "The choices tuning in use made under the current profile: final ones "
-       "(collective, nbytes, dtype, algorithm), provisional switches (collective, nbytes, "
-       "dtype, algorithm, calls run since the exploration, [candidates], [seconds], "
-       "calls it runs before its re-check).")
+       "(collective, nbytes, dtype, algorithm[, in-place algorithm]), provisional switches "
+       "(collective, nbytes, dtype, algorithm, calls run since the exploration, [candidates], "
+       "[seconds], calls it runs before its re-check[, in-place algorithm]); the in-place "
+       "algorithm of a key whose calls agree on their placement.")
       .def(
           "seed_tuning",
           [](Communicator& c, const std::vector<py::tuple>& calls) {
             std::vector<Communicator::TunedCall> v;
             for (const auto& t : calls) {
-              if (t.size() != 4 && t.size() != 7 && t.size() != 8) {
+              if (t.size() < 4 || t.size() == 6 || t.size() > 9) {
                 throw fourd::InvalidArgument(
-                    "seed_tuning: expected tuples of 4 (a final choice) or 8 (a provisional "
-                    "one; 7 without its re-check gap) items, found " +
+                    "seed_tuning: expected tuples of 4 (a final choice; 5 with its in-place "
+                    "algorithm) or 8 (a provisional one; 7 without its re-check gap, 9 with "
+                    "its in-place algorithm) items, found " +
                     std::to_string(t.size()));
               }
               Communicator::TunedCall call{fourd::parseCollective(t[0].cast<std::string>()),
@@ -914,7 +921,10 @@ void bindSavedTuning(CommunicatorClass& c) {
                   call.candidates.push_back(fourd::parseAlgorithm(a));
                 }
                 call.seconds = t[6].cast<std::vector<double>>();
-                if (t.size() == 8) call.recheckGap = t[7].cast<int>();
+                if (t.size() >= 8) call.recheckGap = t[7].cast<int>();
+              }
+              if (t.size() == 5 || t.size() == 9) {
+                call.inPlace = fourd::parseAlgorithm(t[t.size() - 1].cast<std::string>());
               }
               v.push_back(std::move(call));
             }
@@ -966,6 +976,10 @@ void bindQueries(CommunicatorClass& c) {
             d["settled"] = t.settled == fourd::Algorithm::kAuto
                                ? py::object(py::none())
                                : py::object(py::str(fourd::algorithmName(t.settled)));
+            d["placement_agreed"] = t.agreed;
+            d["settled_in_place"] =
+                t.agreed ? py::object(py::str(fourd::algorithmName(t.inPlaceSettled)))
+                         : py::object(py::none());
             return d;
           },
           py::arg("collective"), py::arg("nbytes"), py::arg("dtype") = "float32",

@@ -866,7 +866,8 @@ class Grid:
     ) -> dict:
         """What tuning in use knows of this call (``explain(...)["tuning"]``, without pricing
         the candidates): state, candidates, measured_s, settled, explore_calls, recheck_gap,
-        call_period_s, saved; state "compressed" (with its `codec`) where the grid's policy
+        call_period_s, saved, placement_agreed, settled_in_place (docs/algorithms.md,
+        "Placement"); state "compressed" (with its `codec`) where the grid's policy
         puts a codec on the call, which then runs the codec's algorithm untuned."""
         comm, n = self._comm_for(axis), _nbytes(nbytes)
         t = comm.tuning(collective, n, dtype, _flag(in_place, "in_place"))

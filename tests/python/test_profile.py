@@ -388,8 +388,9 @@ def test_a_busy_machines_measurement_serves_the_run_and_is_not_cached(tmp_path, 
 
 def test_saved_tuning_entries_are_read_with_or_without_a_recheck_gap():
     """A saved provisional switch carries its re-check gap as an 8th item (0: its call period
-    was not agreed yet); an entry of 7 items (without it) reads as gap 0; anything else this
-    version cannot read is skipped, the same on every rank."""
+    was not agreed yet); an entry of 7 items (without it) reads as gap 0; a key split by
+    placement adds its in-place algorithm last; anything else this version cannot read is
+    skipped, the same on every rank."""
     from fourd.profile import tuning
 
     head = ["all_reduce", 4096, "int32", "ring"]
@@ -400,3 +401,15 @@ def test_saved_tuning_entries_are_read_with_or_without_a_recheck_gap():
     for bad in (-1, 2**31, 1.5, True, "25"):
         assert tuning._call(head + rest + [bad]) is None, bad
     assert tuning._call(head + rest + [25, 0]) is None
+    # A key split by placement adds its in-place algorithm: 5 items final, 9 provisional.
+    assert tuning._call(head + ["shm"]) == (*head, "shm")
+    both = [3, ["flat", "ring"], [2.0, 1.5, 1.0, 3.0]]
+    assert tuning._call(head + both + [25, "flat"]) == (
+        *head,
+        3,
+        ["flat", "ring"],
+        [2.0, 1.5, 1.0, 3.0],
+        25,
+        "flat",
+    )
+    assert tuning._call(head + ["shm", "flat"]) is None

@@ -110,6 +110,11 @@ class Communicator {
     int recheckGap = 0;    ///< how many calls a switch runs before it is re-checked
     double period = 0.0;   ///< the call period (s) the decision measured (0: none yet)
     bool saved = false;    ///< the choice came from a saved decision (seedTuning)
+    /// The calls agree on their placement first: `settled` runs where some rank calls out of
+    /// place, `inPlaceSettled` where every rank calls in place (docs/algorithms.md,
+    /// "Placement").
+    bool agreed = false;
+    Algorithm inPlaceSettled = Algorithm::kAuto;
   };
   Tuning tuning(Collective c, size_t nbytes, DataType dtype, bool inPlace = false) const;
 
@@ -128,6 +133,10 @@ class Communicator {
     std::vector<Algorithm> candidates;
     std::vector<double> seconds;
     int recheckGap = 0;
+    /// A split key: the algorithm where every rank calls in place (kAuto: none; `algorithm`
+    /// runs whatever the placements). Provisional ones then carry two figures per candidate,
+    /// out of place then in place.
+    Algorithm inPlace = Algorithm::kAuto;
   };
   /// The choices tuning in use has made under the current profile (final or provisional,
   /// explored here or seeded), to save for the next run of the same layout.

@@ -46,6 +46,22 @@
 //   (operation.cpp, runTuned), so a training loop runs the settled choice from its second
 //   step, and a size called once never pays for an exploration. The second call pays the
 //   exploration's runs at once (bounded by kWarmBytes and kTimedBytes per candidate and pass).
+// - Placement (upfront, from kSmallBytes): the exploration runs each candidate both out of place
+//   and in place, on buffers of its own where the call's do not serve (operation.cpp), so a
+//   figure per candidate and placement. Every rank must choose alike, and a call's placement is
+//   its own (ranks may differ within one operation), so the choice cannot follow it unasked. One
+//   algorithm serves every call: the winner of the placement the group explored with (all in
+//   place, else out of place; made common with the figures). Where the other placement's winner
+//   differs and runs faster there by more than kAgreeGain times what the group's placement
+//   agreement costs (one MAX all-reduce of a word, timed kAgreeRuns times in the exploration)
+//   and by more than 1 - kSwitch, the key is split: every call first agrees on the placement,
+//   and runs the in-place winner where every rank calls in place, the out-of-place one
+//   otherwise (4 ranks of the VM, 16 MiB all_gather on 2-rank groups: shm 3.0 ms out of place
+//   against MPI's 4.9, 2.1 in place against MPI's 1.6, where flat ran 1.6). A program that
+//   calls the key one way only stops agreeing once kAgreeCalls calls in a row found the same
+//   placement (the same count on every rank: the agreements are common), and runs that
+//   placement's winner from then on. Below kSmallBytes, or inline, one placement: the call's
+//   own.
 // - Saved: a decision can be seeded (from the machine profile's tuning file,
 //   python/fourd/profile/tuning.py), so that the next run of the same layout starts settled: a
 //   final one with seed(); a provisional switch with seedProvisional(), which keeps its count
@@ -71,6 +87,14 @@
 
 namespace fourd::detail {
 
+/// What a two-placement exploration also makes common (Tuner::settle): whether every rank
+/// explored in place (its calls' placement) and what one placement agreement costs (seconds;
+/// infinite: unknown, never split).
+struct TuningPlacing {
+  bool allInPlace = false;
+  double agreeSeconds = 1.0 / 0.0;
+};
+
 class Tuner {
  public:
   static constexpr int kWarm = 2;     ///< untimed calls of a candidate in each pass, at least
@@ -92,7 +116,11 @@ class Tuner {
                                                  ///< then the shortlist is explored again ...
   static constexpr double kRecheckAfter = 10.0;  ///< ... or fewer, that span this many seconds
                                                  ///< at the key's call period,
-  static constexpr int kPeriodCalls = 4;  ///< measured over this many intervals between calls
+  static constexpr int kPeriodCalls = 4;     ///< measured over this many intervals between calls
+  static constexpr int kAgreeRuns = 9;       ///< timed placement agreements (their median counts)
+  static constexpr double kAgreeGain = 3.0;  ///< split only for a gain of this many agreements
+  static constexpr int kAgreeCalls = 256;    ///< a split key stops agreeing after this many calls
+                                             ///< in a row found the same placement
 
   using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
 
@@ -106,6 +134,9 @@ class Tuner {
   static int warmCalls(size_t nbytes);
   /// Index of the candidate to keep, given every candidate's time (index 0: the model's).
   static size_t decide(const std::vector<double>& seconds);
+  /// How many placements an exploration of `nbytes` times per candidate: 2 (out of place, then
+  /// in place) upfront from kSmallBytes, else 1 (the call's own).
+  int placements(size_t nbytes) const noexcept { return upfront_ && nbytes >= kSmallBytes ? 2 : 1; }
 
   /// One call's part in the tuning of its key.
   struct Step {
@@ -117,6 +148,13 @@ class Tuner {
     bool agree = false;   ///< after the call: MAX-all-reduce `period` over the group, then
                           ///< agreePeriod() (the same call on every rank)
     double period = 0.0;  ///< this rank's call period of a switch, seconds
+    /// An exploring step of a two-placement exploration: runs in place (else out of place),
+    /// whatever the call's own placement.
+    bool trialInPlace = false;
+    bool placements2 = false;  ///< the exploration times both placements
+    /// A split key (a settled step): the algorithm where every rank calls in place, agreed
+    /// before the call (kAuto: not split, `algorithm` runs whatever the placements).
+    Algorithm inPlace = Algorithm::kAuto;
   };
 
   /// Whether tuning is on (FOURD_TUNE unset or on).
@@ -134,17 +172,20 @@ class Tuner {
 
   /// Makes `algorithm` the final choice of `key` under `profile`, as if explored (a decision
   /// saved by an earlier run). Replaces what the key held.
+  /// `inPlace`: a split key's algorithm for calls in place on every rank (kAuto: not split).
   void seed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
-            Algorithm algorithm);
+            Algorithm algorithm, Algorithm inPlace = Algorithm::kAuto);
   /// Makes `algorithm` a provisional switch of `key` under `profile` (one saved by an earlier
   /// run): it runs at once, and its re-check comes when its calls reach `gap` (the saved
   /// run's re-check gap; 0: not agreed yet, this run measures it), counting the `calls` it ran
-  /// before; `cands` is the shortlist and `seconds`
-  /// the first exploration's common figures, one per candidate (the re-check takes each
-  /// candidate's lower figure of the two). Replaces what the key held.
+  /// before; `cands` is the shortlist and `seconds` the first exploration's common figures,
+  /// one per candidate, or two (out of place, in place) where it timed both placements (the
+  /// re-check takes each figure's lower of the two); `inPlace` as seed()'s. Replaces what the
+  /// key held.
   void seedProvisional(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                        std::vector<Algorithm> cands, Algorithm algorithm,
-                       std::vector<double> seconds, int calls, int gap = 0);
+                       std::vector<double> seconds, int calls, int gap = 0,
+                       Algorithm inPlace = Algorithm::kAuto);
 
   /// A choice to save: final (settled after an exploration, re-checked where it switched, or
   /// seeded), or a provisional switch with what its re-check needs.
@@ -157,6 +198,7 @@ class Tuner {
     std::vector<Algorithm> cands;  ///< provisional: the shortlist they belong to
     int gap = 0;                   ///< provisional: the calls it runs before its re-check
                                    ///< (0: not agreed yet)
+    Algorithm inPlace = Algorithm::kAuto;  ///< a split key's in-place algorithm (Step::inPlace)
   };
   /// The keys under `profile` whose tuning has decided (final or provisional).
   std::vector<Choice> choices(const std::shared_ptr<const MachineProfile>& profile) const;
@@ -181,15 +223,21 @@ class Tuner {
   /// then calls settleSamples().
   std::vector<double> record(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                              const Step& step, double seconds);
+  using Placing = TuningPlacing;
   /// Each candidate's figure from record()'s layout of `m` candidates: the better of its
   /// passes' medians.
   static std::vector<double> figures(const std::vector<double>& samples, size_t m);
   /// settle() on the figures of the group's common samples.
   void settleSamples(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
-                     const std::vector<double>& samples);
-  /// Fixes the key's algorithm from the group's common times (one per candidate).
+                     const std::vector<double>& samples, const Placing& placing = Placing{});
+  /// Fixes the key's algorithm from the group's common times (one per candidate; for a
+  /// two-placement exploration two, out of place then in place).
   void settle(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
-              const std::vector<double>& seconds);
+              const std::vector<double>& seconds, const Placing& placing = Placing{});
+  /// After a split key's placement agreement (Step::inPlace): `allInPlace`, what the group
+  /// agreed. kAgreeCalls in a row that found the same placement end the split.
+  void agreed(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+              bool allInPlace);
   /// Fixes a switch's call period and re-check gap from the group's common (MAX) period, after
   /// the call whose Step::agree was set.
   void agreePeriod(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
@@ -214,8 +262,15 @@ class Tuner {
                            ///< with the switch; before it, kRecheckGap explorations' calls)
     double period = 0.0;   ///< a switch's common call period, seconds (0: not agreed yet)
     bool saved = false;    ///< seeded from a saved decision, not explored in this process
+    int placements = 1;    ///< placements an exploration times per candidate (2: both)
+    /// A split key: the algorithm of calls in place on every rank, agreed per call (kAuto:
+    /// `settled` runs whatever the placements).
+    Algorithm inPlace = Algorithm::kAuto;
   };
-  Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile) const;
+  /// `seconds`: one figure per candidate, of the placement `inPlace` names where the
+  /// exploration timed both.
+  Report report(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
+                bool inPlace = false) const;
 
  private:
   struct Entry {
@@ -236,6 +291,10 @@ class Tuner {
     std::vector<double> seconds;
     bool saved = false;  ///< seeded (seed())
     bool seen = false;   ///< upfront: the first call ran (the model's choice)
+    int placements = 1;  ///< placements(): 2, each candidate is timed out of place and in place
+    Algorithm inPlace = Algorithm::kAuto;  ///< split: the algorithm where all are in place
+    bool lastAllInPlace = false;           ///< split: what the last agreement found
+    int sameInARow = 0;                    ///< split: agreements in a row that found it
   };
   Entry& entryLocked(const Key& key, const std::shared_ptr<const MachineProfile>& profile);
   Step stepLocked(Entry& e);

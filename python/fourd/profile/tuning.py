@@ -10,11 +10,13 @@ The file is the profile cache's path (store.cache_path) with ``-tuning.json`` fo
 where a CALL is ``[collective, nbytes, dtype, algorithm]`` for a final choice, or
 ``[collective, nbytes, dtype, algorithm, calls, [candidates], [seconds], gap]`` for a
 provisional switch (one not yet re-checked): the calls it has run since its exploration, the
-shortlist, the exploration's common figures and the calls it runs before its re-check (decided
-with the switch from the key's call period; a CALL of 7 items, without it, gets the default
-gap). The next run runs it at once and re-checks it when its calls, counted over the runs,
-reach the gap, so a run shorter than the gap still starts settled, and a switch is still
-confirmed once before it is final.
+shortlist, the exploration's common figures (one per candidate, or two, out of place then in
+place, where it timed both) and the calls it runs before its re-check (decided with the switch
+from the key's call period; a CALL of 7 items, without it, gets the default gap). A key whose
+calls agree on their placement (docs/algorithms.md, "Placement") adds its in-place algorithm
+as a last item: 5 items final, 9 provisional. The next run runs a switch at once and re-checks
+it when its calls, counted over the runs, reach the gap, so a run shorter than the gap still
+starts settled, and a switch is still confirmed once before it is final.
 
 - ``fourd.init()`` (policy.apply, after the profile is set): rank 0 reads the file and
   broadcasts it; every communicator of the grid, made then or later, is seeded with the
@@ -49,7 +51,8 @@ from .store import write_json
 # out-of-place all_gather reading the peers' inputs. 4: shm's copies without glibc's rep movsb,
 # its large out-of-place all_gather through the window with streamed stores. 5: shm's in-place
 # all_gather reading the peers directly; tuning's figures from each timed call's slowest rank.
-VERSION = 5
+# 6: explorations time both placements; a key may run another algorithm when all are in place.
+VERSION = 6
 
 _OFF = ("0", "off", "false", "no")
 _ON = ("", "1", "on", "true", "yes")
@@ -113,15 +116,18 @@ def read(path: str, profile_digest: str) -> dict:
 def _call(c) -> tuple | None:
     """One saved call as seed_tuning takes it, or None for an entry this version cannot read
     (the same file on every rank, so every rank skips it)."""
-    if not isinstance(c, list) or len(c) not in (4, 7, 8):
+    if not isinstance(c, list) or len(c) not in (4, 5, 7, 8, 9):
         return None
     if not isinstance(c[1], int) or isinstance(c[1], bool) or c[1] <= 0:
         return None
+    if len(c) in (5, 9) and not isinstance(c[-1], str):  # the in-place algorithm's name
+        return None
     head = (str(c[0]), int(c[1]), str(c[2]), str(c[3]))
-    if len(c) == 4:
-        return head
+    if len(c) in (4, 5):
+        return head + tuple(str(a) for a in c[4:])
     calls, cands, seconds = c[4:7]
-    gap = c[7] if len(c) == 8 else 0
+    gap = c[7] if len(c) >= 8 else 0
+    tail = (str(c[8]),) if len(c) == 9 else ()
     for v in (calls, gap):
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**31:
             return None
@@ -129,7 +135,7 @@ def _call(c) -> tuple | None:
         return None
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seconds):
         return None
-    return (*head, calls, [str(a) for a in cands], [float(v) for v in seconds], gap)
+    return (*head, calls, [str(a) for a in cands], [float(v) for v in seconds], gap, *tail)
 
 
 class SavedTuning:

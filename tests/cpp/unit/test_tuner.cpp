@@ -280,7 +280,8 @@ TEST(Tuner, ASwitchOfASlowlyCalledKeyIsReCheckedAfterTheReCheckTimeOfCalls) {
   }
   auto r = t.report(big, prof);
   ASSERT_EQ(r.state, "provisional");
-  EXPECT_EQ(r.recheckGap, most);  // not agreed yet: the count bounds it
+  // Not agreed yet: the count bounds it (upfront, both placements: twice the inline count).
+  EXPECT_EQ(r.recheckGap, 2 * most);
   EXPECT_EQ(r.period, 0.0);
   // The program's next calls come 20 ms apart: kPeriodCalls intervals, then the agreement.
   Tuner::Step step;
@@ -471,4 +472,168 @@ TEST(Tuner, UpfrontTheFirstCallRunsTheModelsChoiceAndTheSecondStartsTheExplorati
   EXPECT_EQ(steps - 1, t.report(kKey, prof).exploreCalls);
   EXPECT_EQ(t.report(kKey, prof).state, "settled");
   EXPECT_EQ(t.report(kKey, prof).settled, Algorithm::kRing);
+}
+
+TEST(Tuner, UpfrontFromSmallBytesTheExplorationTimesEachCandidateOutOfPlaceThenInPlace) {
+  Tuner t;
+  t.setUpfront(true);
+  auto prof = std::make_shared<const MachineProfile>();
+  const std::vector<Algorithm> cands = {Algorithm::kRing, Algorithm::kRhd};
+  auto make = [&] { return cands; };
+  EXPECT_EQ(t.placements(Tuner::kSmallBytes), 2);
+  EXPECT_EQ(t.placements(Tuner::kSmallBytes - 1), 1);  // small calls: the call's own
+  t.next(kKey, prof, make);                            // seen once
+  const int per = Tuner::warmCalls(std::get<1>(kKey)) + Tuner::timedCalls(std::get<1>(kKey));
+  // Two passes over (ring out, ring in, rhd out, rhd in), the second in reverse order.
+  const int order[] = {0, 1, 2, 3, 3, 2, 1, 0};
+  int steps = 0;
+  for (int b = 0; b < 8; ++b) {
+    for (int i = 0; i < per; ++i, ++steps) {
+      const auto s = t.next(kKey, prof, make, false);
+      ASSERT_EQ(s.candidate, order[b]) << "block " << b << " call " << i;
+      EXPECT_EQ(s.algorithm, cands[order[b] / 2]);
+      EXPECT_TRUE(s.placements2);
+      EXPECT_EQ(s.trialInPlace, order[b] % 2 == 1);
+      if (!s.timed) continue;
+      const auto got = t.record(kKey, prof, s, 1.0);
+      if (s.last) {
+        EXPECT_EQ(got.size(), 4u * Tuner::kPasses * Tuner::timedCalls(std::get<1>(kKey)));
+        EXPECT_EQ(Tuner::figures(got, 4).size(), 4u);
+      }
+    }
+  }
+  EXPECT_EQ(steps, t.report(kKey, prof).exploreCalls);
+  EXPECT_EQ(t.report(kKey, prof).placements, 2);
+  // Inline, one placement: the call's own.
+  Tuner inl;
+  inl.next(kKey, prof, make);
+  EXPECT_FALSE(inl.next(kKey, prof, make).placements2);
+  EXPECT_EQ(inl.report(kKey, prof).placements, 1);
+}
+
+namespace {
+
+// A tuner whose key kKey has explored ring (the model's choice) and rhd in both placements,
+// settled on `figures` (ring out, ring in, rhd out, rhd in) with `placing`.
+Tuner::Report settledOn(Tuner& t, const std::shared_ptr<const MachineProfile>& prof,
+                        std::vector<double> figures, Tuner::Placing placing) {
+  t.setUpfront(true);
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
+  t.next(kKey, prof, make);
+  t.next(kKey, prof, make);  // exploring
+  t.settle(kKey, prof, figures, placing);
+  return t.report(kKey, prof);
+}
+
+}  // namespace
+
+TEST(Tuner, AKeyIsSplitOnlyWhereTheOtherPlacementsWinnerGainsMoreThanItsAgreementsCost) {
+  auto prof = std::make_shared<const MachineProfile>();
+  // ring wins out of place, rhd in place by 1.0 s: agreements of 0.1 s cost less than a third.
+  {
+    Tuner t;
+    const auto r = settledOn(t, prof, {1.0, 2.0, 2.0, 1.0}, {false, 0.1});
+    EXPECT_EQ(r.settled, Algorithm::kRing);
+    EXPECT_EQ(r.inPlace, Algorithm::kRhd);
+    EXPECT_EQ(r.state, "provisional");  // in place it left the model's choice: re-checked
+    EXPECT_EQ(r.seconds, (std::vector<double>{1.0, 2.0}));  // out of place
+    EXPECT_EQ(t.report(kKey, prof, true).seconds, (std::vector<double>{2.0, 1.0}));
+    auto make = [] { return std::vector<Algorithm>{}; };
+    const auto s = t.next(kKey, prof, make);
+    EXPECT_LT(s.candidate, 0);
+    EXPECT_EQ(s.algorithm, Algorithm::kRing);
+    EXPECT_EQ(s.inPlace, Algorithm::kRhd);  // agreed per call
+    const auto c = t.choices(prof);
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c[0].inPlace, Algorithm::kRhd);
+    EXPECT_EQ(c[0].seconds.size(), 4u);
+  }
+  // The same gain against agreements of 0.5 s (3 x 0.5 > 1.0): one algorithm, the winner of
+  // the placement the group explored with.
+  {
+    Tuner t;
+    const auto r = settledOn(t, prof, {1.0, 2.0, 2.0, 1.0}, {false, 0.5});
+    EXPECT_EQ(r.settled, Algorithm::kRing);
+    EXPECT_EQ(r.inPlace, Algorithm::kAuto);
+    EXPECT_EQ(r.state, "settled");
+  }
+  {
+    Tuner t;
+    const auto r = settledOn(t, prof, {1.0, 2.0, 2.0, 1.0}, {true, 0.5});
+    EXPECT_EQ(r.settled, Algorithm::kRhd);  // explored in place on every rank
+    EXPECT_EQ(r.inPlace, Algorithm::kAuto);
+    EXPECT_EQ(r.state, "provisional");
+  }
+  // The same winner in both placements, or an unknown agreement cost: never split.
+  {
+    Tuner t;
+    const auto r = settledOn(t, prof, {1.0, 1.0, 2.0, 2.0}, {false, 0.0});
+    EXPECT_EQ(r.settled, Algorithm::kRing);
+    EXPECT_EQ(r.inPlace, Algorithm::kAuto);
+  }
+  {
+    Tuner t;
+    const auto r = settledOn(t, prof, {1.0, 2.0, 2.0, 1.0}, Tuner::Placing{});
+    EXPECT_EQ(r.inPlace, Algorithm::kAuto);
+  }
+  // A wrong count of figures (one per candidate for a two-placement exploration) is ignored.
+  {
+    Tuner t;
+    const auto r = settledOn(t, prof, {1.0, 2.0}, {false, 0.1});
+    EXPECT_EQ(r.state, "exploring");
+  }
+}
+
+TEST(Tuner, ASplitKeyIsSavedAndSeededWithItsInPlaceAlgorithm) {
+  auto prof = std::make_shared<const MachineProfile>();
+  auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
+  Tuner t;
+  t.seed(kKey, prof, Algorithm::kFlat, Algorithm::kShm);
+  auto s = t.next(kKey, prof, make);
+  EXPECT_EQ(s.algorithm, Algorithm::kFlat);
+  EXPECT_EQ(s.inPlace, Algorithm::kShm);
+  EXPECT_EQ(t.choices(prof)[0].inPlace, Algorithm::kShm);
+  t.seed(kKey, prof, Algorithm::kFlat, Algorithm::kFlat);  // the same: not split
+  EXPECT_EQ(t.next(kKey, prof, make).inPlace, Algorithm::kAuto);
+  // A provisional split with two figures per candidate keeps them per placement.
+  t.seedProvisional(kKey, prof, {Algorithm::kRing, Algorithm::kRhd}, Algorithm::kRing,
+                    {1.0, 2.0, 2.0, 1.0}, 3, 0, Algorithm::kRhd);
+  const auto r = t.report(kKey, prof, true);
+  EXPECT_EQ(r.state, "provisional");
+  EXPECT_EQ(r.placements, 2);
+  EXPECT_EQ(r.seconds, (std::vector<double>{2.0, 1.0}));
+  s = t.next(kKey, prof, make);
+  EXPECT_EQ(s.algorithm, Algorithm::kRing);
+  EXPECT_EQ(s.inPlace, Algorithm::kRhd);
+}
+
+TEST(Tuner, ASplitKeyStopsAgreeingOnceItsCallsKeepToOnePlacement) {
+  auto prof = std::make_shared<const MachineProfile>();
+  auto make = [] { return std::vector<Algorithm>{}; };
+  // Placements that change within kAgreeCalls keep the split.
+  Tuner t;
+  t.seed(kKey, prof, Algorithm::kFlat, Algorithm::kShm);
+  for (int i = 0; i < 3 * Tuner::kAgreeCalls; ++i) {
+    ASSERT_EQ(t.next(kKey, prof, make).inPlace, Algorithm::kShm) << i;
+    t.agreed(kKey, prof, (i / (Tuner::kAgreeCalls - 1)) % 2 == 0);
+  }
+  // kAgreeCalls in a row in place: the in-place winner from then on, without agreeing.
+  for (int i = 0; i < Tuner::kAgreeCalls; ++i) {
+    ASSERT_EQ(t.next(kKey, prof, make).inPlace, Algorithm::kShm) << i;
+    t.agreed(kKey, prof, true);
+  }
+  auto s = t.next(kKey, prof, make);
+  EXPECT_EQ(s.algorithm, Algorithm::kShm);
+  EXPECT_EQ(s.inPlace, Algorithm::kAuto);
+  EXPECT_EQ(t.report(kKey, prof).inPlace, Algorithm::kAuto);
+  // Out of place (or mixed) every time: the out-of-place winner.
+  Tuner u;
+  u.seed(kKey, prof, Algorithm::kFlat, Algorithm::kShm);
+  for (int i = 0; i < Tuner::kAgreeCalls; ++i) {
+    u.next(kKey, prof, make);
+    u.agreed(kKey, prof, false);
+  }
+  s = u.next(kKey, prof, make);
+  EXPECT_EQ(s.algorithm, Algorithm::kFlat);
+  EXPECT_EQ(s.inPlace, Algorithm::kAuto);
 }

@@ -551,9 +551,11 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed, mode
                 break
         cands = tu["candidates"]
         assert cands[0] == model["choice"] and 2 <= len(cands) <= 4, tu
-        # Two passes; a candidate gets its untimed and timed calls in each.
+        # Two passes; a candidate gets its untimed and timed calls in each, upfront from 256
+        # KiB once out of place and once in place.
         e = tu["explore_calls"]
-        assert e == 2 * len(cands) * (warm + timed), tu
+        placements = 2 if mode == "on" and nbytes >= 256 * 1024 else 1
+        assert e == 2 * len(cands) * placements * (warm + timed), tu
         # A switch runs 4 explorations' calls before its re-check, or fewer that span 10 s at
         # its call period (the group's MAX of what each rank measured over the switch's calls
         # after the deciding one: 4 intervals).
@@ -578,13 +580,20 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed, mode
             ] * (e - 1) + ["settled"], (states, cands)
         assert len(tu["measured_s"]) == len(cands) and all(s > 0 for s in tu["measured_s"]), tu
         assert tu["settled"] in cands
-        # The group's common times (a MAX all-reduce): every member settles alike.
+        # The group's common times (a MAX all-reduce): every member settles alike, split or not
+        # (a split key runs another algorithm where every rank calls in place).
+        split = tu["placement_agreed"]
+        assert split == (tu["settled_in_place"] is not None), tu
+        assert placements == 2 or not split, tu
+        in_place = tu["settled_in_place"] if split else tu["settled"]
         assert _agreed_by_my_group(
-            g, axis, (tu["settled"], tu["measured_s"], tu["call_period_s"], tu["recheck_gap"])
+            g,
+            axis,
+            (tu["settled"], in_place, tu["measured_s"], tu["call_period_s"], tu["recheck_gap"]),
         ), tu
-        assert g.explain("all_reduce", nbytes, axis, "int32", True)["choice"] == tu["settled"]
-        assert g.algorithm_for("all_reduce", nbytes, axis, "int32", True) == tu["settled"]
-        # Selection is placement-free: the out-of-place call shares what the in-place one tuned.
+        assert g.explain("all_reduce", nbytes, axis, "int32", True)["choice"] == in_place
+        assert g.algorithm_for("all_reduce", nbytes, axis, "int32", True) == in_place
+        # The out-of-place call shares the key the in-place one tuned.
         oop = g.explain("all_reduce", nbytes, axis, "int32")
         assert oop["tuning"]["state"] == "settled" and oop["choice"] == tu["settled"], oop
         for i in range(3):  # later calls run the settled algorithm, exact
@@ -600,6 +609,39 @@ def test_auto_tuning_in_use_settles_alike_on_every_rank(count, warm, timed, mode
         )
     # A call that moves nothing has nothing to time.
     assert g.explain("all_reduce", 0, "world")["tuning"]["state"] == "off"
+    fourd.finalize()
+
+
+def test_a_key_split_by_placement_agrees_on_it_per_call_and_stays_exact():
+    """A split key (seeded here, so that it does not depend on the machine's timings) runs one
+    algorithm where every rank calls in place and another otherwise, agreed per call: every
+    collective stays exact in place, out of place, and with the ranks' placements mixed (rank 0
+    in place, the others out of place), and never hangs."""
+    g = fourd.init(x=2 if N % 2 == 0 else 1, ranks_per_node=2)
+    axis = "world"
+    p, gr = g.size(axis), g.rank(axis)
+    comm = g._comm_for(axis)
+    for coll in COLLECTIVES:
+        count = 2**16 + 3  # int32 just over 256 KiB per rank's block
+        nb = 4 * count * (1 if coll == "all_reduce" else p)
+        for i in range(2):  # seen once, then explored: the shortlist a seed must come from
+            run_one(g, "auto", coll, axis, np.int32, "max", count, False, f"{coll} {i}")
+        cands = g.explain(coll, nb, axis, "int32")["tuning"]["candidates"]
+        if len(cands) < 2:
+            continue
+        out_alg, in_alg = cands[0], cands[1]
+        assert comm.seed_tuning([(coll, nb, "int32", out_alg, in_alg)]) == 1
+        tu = g.explain(coll, nb, axis, "int32", True)["tuning"]
+        assert tu["placement_agreed"] and tu["settled_in_place"] == in_alg, tu
+        assert tu["settled"] == out_alg, tu
+        assert g.explain(coll, nb, axis, "int32", True)["choice"] == in_alg
+        assert g.explain(coll, nb, axis, "int32")["choice"] == out_alg
+        for i, mode in enumerate(("in", "out", "mixed", "in", "mixed", "out")):
+            inplace = mode == "in" or (mode == "mixed" and gr == 0)
+            what = f"split {coll}: {out_alg} / {in_alg} in place, call {i} ({mode})"
+            run_one(g, "auto", coll, axis, np.int32, "max", count, inplace, what)
+        saved = [c for c in comm.tuned_calls() if c[:3] == (coll, nb, "int32")]
+        assert saved == [(coll, nb, "int32", out_alg, in_alg)], saved
     fourd.finalize()
 
 
@@ -635,6 +677,24 @@ def test_auto_exploration_in_the_second_call_leaves_every_placement_exact():
         assert tu["state"] in ("settled", "provisional", "single"), (what, tu)
         assert _agreed_by_my_group(g, axis, (tu["state"], tu["settled"])), tu
         run_one(g, "auto", coll, axis, np.int32, "max", count, inplace, what + ", again")
+    # From 256 KiB the exploration also runs the other placement than the call's, on buffers
+    # of its own: the call's result stays exact.
+    for i, (coll, inplace) in enumerate(itertools.product(COLLECTIVES, (True, False))):
+        axis = "world"
+        count = 2**16 + 7 + 2 * i
+        p = g.size(axis)
+        if p == 1:
+            break
+        nb = 4 * count * (1 if coll == "all_reduce" else p)
+        for call in ("first", "second, which explores both placements", "third"):
+            what = f"auto {coll} {axis} in_place={inplace} (the {call} call)"
+            run_one(g, "auto", coll, axis, np.int32, "max", count, inplace, what)
+        tu = g.explain(coll, nb, axis, "int32", inplace)["tuning"]
+        assert tu["state"] in ("settled", "provisional", "single"), (what, tu)
+        if tu["state"] != "single":  # 2 untimed calls below 4 MiB, timed ones carry 12 MiB
+            timed = min(12, max(3, math.ceil((12 << 20) / nb)))
+            assert tu["explore_calls"] == 2 * 2 * len(tu["candidates"]) * (2 + timed), tu
+        assert _agreed_by_my_group(g, axis, (tu["settled"], tu["settled_in_place"])), tu
     fourd.finalize()
 
 
