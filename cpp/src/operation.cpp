@@ -209,10 +209,6 @@ std::vector<double> groupMax(Backend& b, std::vector<double> mine, OpContext& ct
   return common;
 }
 
-// One call's part in its key's tuning (tuner.hpp): `spec` run with the step's algorithm; the
-// time of a timed call goes back to the tuning, and after the last timed call of the key every
-// timed call's time becomes its slowest rank's (one MAX all-reduce on this group, at the same
-// call on every rank), from which the tuning takes each candidate's figure.
 // Whether every rank of the group calls in place: one MAX all-reduce of a word (a split key's
 // agreement before each call, tuner.hpp), the same call on every rank.
 bool allInPlace(Backend& b, bool mine, OpContext& ctx) {
@@ -234,6 +230,11 @@ void appendPlacing(Backend& b, std::vector<double>& mine, bool callInPlace, OpCo
   mine.push_back(callInPlace ? 0.0 : 1.0);
 }
 
+// One call's part in its key's tuning (tuner.hpp): `spec` run with the step's algorithm; the
+// time of a timed call goes back to the tuning, and after the last timed call of the key every
+// timed call's time becomes its slowest rank's (one MAX all-reduce on this group, at the same
+// call on every rank), from which the tuning takes each candidate's figure (a two-placement
+// exploration's with appendPlacing's; `callInPlace`: the placement of the call that explores).
 void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContext& ctx,
              bool callInPlace) {
   Tuner& tuner = s.selector.tuner();
