@@ -288,7 +288,17 @@ void Tuner::seedProvisional(const Key& key, const std::shared_ptr<const MachineP
   e = Entry{};
   e.timed = timed;
   e.warm = warm;
-  e.placements = seconds.size() == 2 * cands.size() ? 2 : 1;
+  // The re-check explores as this run does (placements()); figures of the other layout are
+  // kept where they fit (an out-of-place half of two-placement figures) and else dropped (the
+  // re-check then decides on its own figures).
+  e.placements = placements(std::get<1>(key));
+  if (e.placements == 1 && seconds.size() == 2 * cands.size()) {
+    std::vector<double> out;
+    for (size_t i = 0; i < seconds.size(); i += 2) out.push_back(seconds[i]);
+    seconds = std::move(out);
+  } else if (seconds.size() != cands.size() * static_cast<size_t>(e.placements)) {
+    seconds.clear();
+  }
   e.inPlace = inPlace == algorithm ? Algorithm::kAuto : inPlace;
   e.cands = std::move(cands);
   e.settled = algorithm;

@@ -180,8 +180,8 @@ class Tuner {
   /// run's re-check gap; 0: not agreed yet, this run measures it), counting the `calls` it ran
   /// before; `cands` is the shortlist and `seconds` the first exploration's common figures,
   /// one per candidate, or two (out of place, in place) where it timed both placements (the
-  /// re-check takes each figure's lower of the two); `inPlace` as seed()'s. Replaces what the
-  /// key held.
+  /// re-check, which explores as placements() says, takes each figure's lower of the two where
+  /// the layouts match); `inPlace` as seed()'s. Replaces what the key held.
   void seedProvisional(const Key& key, const std::shared_ptr<const MachineProfile>& profile,
                        std::vector<Algorithm> cands, Algorithm algorithm,
                        std::vector<double> seconds, int calls, int gap = 0,

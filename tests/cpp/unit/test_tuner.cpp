@@ -595,7 +595,8 @@ TEST(Tuner, ASplitKeyIsSavedAndSeededWithItsInPlaceAlgorithm) {
   EXPECT_EQ(t.choices(prof)[0].inPlace, Algorithm::kShm);
   t.seed(kKey, prof, Algorithm::kFlat, Algorithm::kFlat);  // the same: not split
   EXPECT_EQ(t.next(kKey, prof, make).inPlace, Algorithm::kAuto);
-  // A provisional split with two figures per candidate keeps them per placement.
+  // A provisional split with two figures per candidate keeps them per placement (upfront) ...
+  t.setUpfront(true);
   t.seedProvisional(kKey, prof, {Algorithm::kRing, Algorithm::kRhd}, Algorithm::kRing,
                     {1.0, 2.0, 2.0, 1.0}, 3, 0, Algorithm::kRhd);
   const auto r = t.report(kKey, prof, true);
@@ -605,6 +606,13 @@ TEST(Tuner, ASplitKeyIsSavedAndSeededWithItsInPlaceAlgorithm) {
   s = t.next(kKey, prof, make);
   EXPECT_EQ(s.algorithm, Algorithm::kRing);
   EXPECT_EQ(s.inPlace, Algorithm::kRhd);
+  // ... and inline, whose re-check times the call's own placement, the out-of-place ones.
+  Tuner inl;
+  inl.seedProvisional(kKey, prof, {Algorithm::kRing, Algorithm::kRhd}, Algorithm::kRing,
+                      {1.0, 2.0, 2.0, 1.0}, 3, 0, Algorithm::kRhd);
+  EXPECT_EQ(inl.report(kKey, prof).placements, 1);
+  EXPECT_EQ(inl.report(kKey, prof).seconds, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(inl.next(kKey, prof, make).inPlace, Algorithm::kRhd);
 }
 
 TEST(Tuner, ASplitKeyStopsAgreeingOnceItsCallsKeepToOnePlacement) {
