@@ -142,9 +142,9 @@ Algorithm Selector::tunedOrModel(const CallShape& call, const Group& runsOn) con
   if (call.device != DeviceType::kCpu) return deviceChoice(call, runsOn);
   if (tuner_.tunes(call.nbytes, runsOn.size())) {
     // Tuned in use: what the calls chose runs from then on (provisionally or for good; kAuto
-    // while they explore, and then the model's choice is reported).
-    // A split key (tuner.hpp, "Placement"): its in-place algorithm where every rank calls in
-    // place, agreed as the call runs; an in-place call reports it.
+    // while they explore, and then the model's choice is reported). An in-place call of a split
+    // key (tuner.hpp, "Placement") reports its in-place algorithm, which runs where every rank
+    // calls in place.
     const auto t = tuner_.report(call.key(), group_.profile());
     if (t.settled != Algorithm::kAuto) {
       return call.inPlace && t.inPlace != Algorithm::kAuto ? t.inPlace : t.settled;
