@@ -48,9 +48,7 @@ struct CallShape {
 
   /// The tuning's key. Placement is left out: it is the one property of a call that may
   /// differ between the ranks of a group, and every rank must choose alike.
-  Tuner::Key key() const {
-    return {static_cast<int>(collective), nbytes, static_cast<int>(dtype), false};
-  }
+  Tuner::Key key() const { return {static_cast<int>(collective), nbytes, static_cast<int>(dtype)}; }
 };
 
 /// What explain() reports: every candidate, the choice, and where the choice came from.

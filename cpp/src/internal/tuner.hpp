@@ -122,7 +122,7 @@ class Tuner {
   static constexpr int kAgreeCalls = 256;    ///< a split key stops agreeing after this many calls
                                              ///< in a row found the same placement
 
-  using Key = std::tuple<int, size_t, int, bool>;  ///< collective, bytes, dtype, in place
+  using Key = std::tuple<int, size_t, int>;  ///< collective, bytes, dtype (not placement)
 
   /// The algorithms to try for calls of `nbytes`, the model's choice first, then its rivals by
   /// predicted time (within kWindow of it; below kSmallBytes, every supported one).

@@ -23,7 +23,7 @@ Prediction pred(Algorithm a, double s, bool ok = true) {
   return p;
 }
 
-const Tuner::Key kKey{0, size_t(1) << 20, 0, false};
+const Tuner::Key kKey{0, size_t(1) << 20, 0};
 
 }  // namespace
 
@@ -101,7 +101,7 @@ TEST(Tuner, WarmCallsCarryNinetySixMiBFromFourMiBBetweenTwoAndSix) {
 TEST(Tuner, LargeCallsWarmLongerBeforeTheBarrierAndTheTimedCalls) {
   Tuner t;
   auto prof = std::make_shared<const MachineProfile>();
-  const Tuner::Key big{0, size_t(16) << 20, 0, false};
+  const Tuner::Key big{0, size_t(16) << 20, 0};
   auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
   const int warm = Tuner::warmCalls(std::get<1>(big)), timed = Tuner::timedCalls(std::get<1>(big));
   ASSERT_EQ(warm, 6);
@@ -189,7 +189,7 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
     EXPECT_FALSE(step.barrier);
   }
   // Another key is tuned on its own; a new profile starts every key again.
-  const Tuner::Key other{0, size_t(1) << 22, 0, false};
+  const Tuner::Key other{0, size_t(1) << 22, 0};
   EXPECT_EQ(t.next(other, prof, make).algorithm, Algorithm::kRing);
   auto prof2 = std::make_shared<const MachineProfile>();
   EXPECT_EQ(t.report(kKey, prof2).state, "");
@@ -201,7 +201,7 @@ TEST(Tuner, ScheduleTriesEachCandidateInTwoPassesThenRunsTheFastest) {
 TEST(Tuner, ASwitchRunsProvisionallyThenIsReCheckedOnTheLowerFigures) {
   Tuner t;
   auto prof = std::make_shared<const MachineProfile>();
-  const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
+  const Tuner::Key big{0, size_t(64) << 20, 0};  // 2 warm + 3 timed calls
   auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
   // Runs one exploration of `tu`; the timed calls of candidate c take times[c]. Returns its
   // calls.
@@ -266,7 +266,7 @@ TEST(Tuner, ASwitchOfASlowlyCalledKeyIsReCheckedAfterTheReCheckTimeOfCalls) {
   Tuner t;
   t.setUpfront(true);
   auto prof = std::make_shared<const MachineProfile>();
-  const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
+  const Tuner::Key big{0, size_t(64) << 20, 0};  // 2 warm + 3 timed calls
   auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
   const int most = Tuner::kRecheckGap * 2 * 2 * (2 + 3);
   // The program's first call, then its second: the exploration runs inside it (its further
@@ -360,7 +360,7 @@ TEST(Tuner, DecisionsAreSavedAndASeedRunsAtOnceUnderItsProfileOnly) {
   Tuner t;
   auto prof = std::make_shared<const MachineProfile>();
   auto make = [] { return std::vector<Algorithm>{Algorithm::kRing, Algorithm::kRhd}; };
-  const Tuner::Key other{1, 4096, 0, false};
+  const Tuner::Key other{1, 4096, 0};
   EXPECT_TRUE(t.choices(prof).empty());
   t.next(kKey, prof, make);
   EXPECT_TRUE(t.choices(prof).empty());  // exploring: nothing final
@@ -408,7 +408,7 @@ TEST(Tuner, DecisionsAreSavedAndASeedRunsAtOnceUnderItsProfileOnly) {
 TEST(Tuner, ASeededSwitchRunsAtOnceAndIsReCheckedWhenItsCallsOverTheRunsReachTheGap) {
   Tuner t;
   auto prof = std::make_shared<const MachineProfile>();
-  const Tuner::Key big{0, size_t(64) << 20, 0, false};  // 2 warm + 3 timed calls
+  const Tuner::Key big{0, size_t(64) << 20, 0};  // 2 warm + 3 timed calls
   auto make = [] { return std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRing}; };
   const int calls = 2 * 2 * (2 + 3), gap = Tuner::kRecheckGap * calls, before = gap - 5;
   // Saved after `before` calls of ring in an earlier run; flat read 2.4, ring 1.5 then.
