@@ -39,7 +39,8 @@ def fmt_size(n):
 
 
 def cells(rows):
-    """{(collective, size, axis, in_place, dtype, op): (t_auto, t_mpi, auto_ran, mpi_rounds)}"""
+    """{(collective, size, axis, in_place, dtype, op): (t_auto, t_mpi, auto_ran, mpi_rounds)};
+    auto_ran names every algorithm the axis's groups ran (a|b where they settled differently)."""
     by = {}
     for r in rows:
         k = (r["collective"], r["size_bytes"], r["axis"], r["in_place"], r["dtype"], r["op"])
@@ -51,7 +52,8 @@ def cells(rows):
     for k, v in by.items():
         if "auto" in v and "mpi" in v:
             a, m = v["auto"], v["mpi"]
-            out[k] = (a["time_us"], m["time_us"], a.get("auto_choice"), m.get("round_times_us"))
+            ran = "|".join(dict.fromkeys(a.get("auto_choices") or [a.get("auto_choice")]))
+            out[k] = (a["time_us"], m["time_us"], ran, m.get("round_times_us"))
     return out
 
 
