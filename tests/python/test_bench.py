@@ -1170,3 +1170,50 @@ def test_the_estimate_prices_autos_exploration():
     slow = dict(four, shm=1e-3)
     assert explore_seconds(1 << 20, slow, "ring") == pytest.approx(84e-5)
     assert explore_seconds(1 << 20, {"ring": 1e-5, "auto": 1e-5}, "ring") == 0.0
+
+
+def test_vs_mpi_reads_auto_against_mpi_per_size_and_lists_the_cells_behind(tmp_path):
+    """bench/vs_mpi.py: t_mpi / t_auto per collective and size (geometric mean over the cells),
+    every cell under --floor with what each of the axis's groups ran."""
+    rows = []
+    for size, t_auto, t_mpi, choices in (
+        (1024, 10.0, 20.0, ["flat"]),
+        (4096, 40.0, 20.0, ["shm", "rhd"]),
+    ):
+        for in_place in (False, True):
+            rows.append(
+                _row(
+                    algorithm="auto",
+                    size_bytes=size,
+                    in_place=in_place,
+                    time_us=t_auto,
+                    auto_choice=choices[0],
+                    auto_choices=choices,
+                )
+            )
+            rows.append(
+                _row(
+                    library="mpi",
+                    algorithm="mpi",
+                    size_bytes=size,
+                    in_place=in_place,
+                    time_us=t_mpi,
+                )
+            )
+    rows[1]["time_us"] = 40.0  # 1 KiB out of place: MPI 40 us, auto 10: 4x; in place 2x
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"command": ["python -m fourd.bench"], "rows": rows}))
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "vs_mpi.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "| 1K | 2.83 (2.00-4.00) |" in r.stdout  # sqrt(4 * 2)
+    assert "| 4K | 0.50 (0.50-0.50) |" in r.stdout
+    assert "# cells under 0.95: 2 of 4" in r.stdout
+    assert (
+        "all_reduce 4K x in place float32: 0.50x (auto ran shm|rhd; 40.0 us vs MPI 20.0 us)"
+        in r.stdout
+    )
