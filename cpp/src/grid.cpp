@@ -256,7 +256,7 @@ bool setPolling(const CoreShare& share) {
   if (mode == "spin") {
     detail::setOversubscribed(false);
   } else if (mode == "yield") {
-    detail::setOversubscribed(true);
+    detail::setOversubscribed(true, /*learnSpin=*/false);
   } else if (mode == "auto" || mode.empty()) {
     detail::setOversubscribed(cores > 0 && ranksHere > cores);
   } else {

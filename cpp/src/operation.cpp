@@ -389,6 +389,7 @@ OpContext contextOf(CommState& s, const OpSpec& spec, const std::atomic<bool>* c
   ctx.deadline = deadlineAfter(ctx.start, ctx.timeoutSeconds);
   ctx.tag = static_cast<int>(spec.seq % 30000) + 1;
   ctx.cancelled = cancelled;
+  ctx.spin = &s.spin;
   return ctx;
 }
 

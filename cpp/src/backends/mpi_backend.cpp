@@ -202,7 +202,7 @@ class MpiRequests final : public Requests {
 
   void wait(size_t begin, size_t end, OpContext& ctx) override {
     if (begin == end) return;
-    Backoff backoff;
+    Backoff backoff(ctx.spin);
     WaitWatch watch(ctx);
     while (!test(begin, end)) {
       if (watch.expired()) throwTimeout(begin, end, ctx);
@@ -499,7 +499,7 @@ class PersistentCalls {
   // Completes a started request within ctx's deadline. MPI_Test, not MPI_Testall: MPICH 5's
   // MPI_Testall fails with MPI_ERR_IN_STATUS on a completed persistent collective request.
   static void wait(MPI_Request& req, OpContext& ctx) {
-    Backoff backoff;
+    Backoff backoff(ctx.spin);
     WaitWatch watch(ctx);
     int flag = 0;
     for (;;) {
@@ -731,7 +731,7 @@ void enterBlockingCall(MPI_Comm comm, OpContext& ctx) {
 
 void waitMpi(MPI_Request* reqs, int n, OpContext& ctx) {
   if (n == 0) return;
-  Backoff backoff;
+  Backoff backoff(ctx.spin);
   WaitWatch watch(ctx);
   while (true) {
     int done = 0;

@@ -86,6 +86,8 @@ class CommState {
   std::mutex poisonMu;
   std::string poisonReason;
   void poison(const std::string& why);
+  /// Whether this group's waits spin before yielding, on more ranks than cores (op_context.hpp).
+  SpinHint spin;
 
   Executor executor;  // last: its thread stops before the rest goes
 };

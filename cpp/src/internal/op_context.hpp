@@ -27,6 +27,8 @@ Clock::time_point teardownDeadline() noexcept;
 bool forkedChild() noexcept;
 
 /// One operation in flight. Built by Communicator when the operation starts running.
+class SpinHint;
+
 struct OpContext {
   std::string op;         ///< "all_reduce", "all_gather", ...
   std::string axis;       ///< "x", "z+data", "world"
@@ -45,6 +47,9 @@ struct OpContext {
   /// The codec of a compressed call (internal/codec.hpp): "hierarchical" applies it on its
   /// rail level; null when the call is not compressed.
   const Codec* codec = nullptr;
+  /// The communicator's record of whether spinning pays on more ranks than cores (SpinHint);
+  /// null: the waits yield at once there.
+  SpinHint* spin = nullptr;
 
   /// "all_reduce on axis 'x' (group of world ranks [0, 1], seq 5, algorithm ring)".
   std::string describe() const;
@@ -75,7 +80,9 @@ class WaitWatch {
 
 /// Whether this machine runs more ranks than it has cores for them (set when a grid is built,
 /// from the ranks sharing the node and the CPUs this process may run on; FOURD_POLL overrides).
-void setOversubscribed(bool yes) noexcept;
+/// `learnSpin`: whether the waits there spin for their communicator's SpinHint budget before
+/// yielding (FOURD_POLL=yield: no, they yield at once).
+void setOversubscribed(bool yes, bool learnSpin = true) noexcept;
 bool oversubscribed() noexcept;
 
 /// Marks the calling thread as a progress thread (executor.cpp: it runs operations in the
@@ -83,13 +90,43 @@ bool oversubscribed() noexcept;
 void markBackgroundThread() noexcept;
 bool backgroundThread() noexcept;
 
-/// A polite poll: spins for a few polls when every rank has a core, otherwise yields the core
-/// at once; naps only after a long wait (on a progress thread with more ranks than cores:
-/// after kBackgroundYield). See op_context.cpp.
+/// What one communicator's waits learned about spinning while ranks outnumber cores. A peer
+/// on another core arrives within microseconds, and a waiter that keeps its core returns at
+/// once; a peer on the waiter's own core cannot run until the waiter yields, so there spinning
+/// only delays it. Which of the two holds is the scheduler's choice for each launch and pair,
+/// so the waits measure it: a wait that ended within its spin budget doubles the budget (up to
+/// kMax polls), one that had to yield quarters it (to 0 under kProbe), and at 0 every
+/// kProbeEvery-th wait spins kProbe polls to find out whether that has changed. Calls of one
+/// communicator come from one thread, so relaxed atomics suffice.
+class SpinHint {
+ public:
+  static constexpr unsigned kMax = 128;
+  static constexpr unsigned kProbe = 16;
+  static constexpr unsigned kProbeEvery = 64;
+  /// The spin budget (polls) for the next wait.
+  unsigned budget() noexcept;
+  /// A wait with spin budget `spin` ended after `polls` pauses.
+  void record(unsigned spin, unsigned polls) noexcept;
+
+ private:
+  std::atomic<unsigned> budget_{kProbe};
+  std::atomic<unsigned> idle_{0};
+};
+
+/// A polite poll: spins for a few polls when every rank has a core; with more ranks than cores
+/// it spins for the budget of the communicator's SpinHint (where the wait has one) and then
+/// yields the core; naps only after a long wait (on a progress thread with more ranks than
+/// cores: after kBackgroundYield). See op_context.cpp.
 class Backoff {
  public:
   static constexpr std::chrono::microseconds kBackgroundYield{5000};
   static constexpr long kBackgroundNapNs = 50 * 1000;
+  Backoff() = default;
+  explicit Backoff(SpinHint* hint) noexcept;
+  ~Backoff();
+  Backoff(const Backoff&) = delete;
+  Backoff& operator=(const Backoff&) = delete;
+  Backoff& operator=(Backoff&& o) noexcept;
   void pause() noexcept;
   /// How many of the pauses so far napped.
   unsigned naps() const noexcept { return naps_; }
@@ -98,6 +135,8 @@ class Backoff {
   unsigned polls_ = 0;
   unsigned naps_ = 0;
   Clock::time_point since_{};
+  SpinHint* hint_ = nullptr;
+  unsigned spin_ = 0;  ///< polls to spin before yielding, with more ranks than cores
 };
 
 }  // namespace fourd::detail

@@ -1,7 +1,8 @@
 // Backoff (op_context.cpp): how a wait polls. A progress thread on more ranks than cores naps
 // once its wait has lasted kBackgroundYield (each nap at least kBackgroundNapNs), and never
 // before; a caller's thread, or a progress thread with a core per rank, does not nap that soon
-// (they nap only after 65536 polls, which these tests stay below).
+// (they nap only after 65536 polls, which these tests stay below). SpinHint: the spin budget a
+// communicator's waits learn on more ranks than cores.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -17,7 +18,7 @@ namespace {
 struct Oversubscribed {
   bool was = fd::oversubscribed();
   explicit Oversubscribed(bool on) { fd::setOversubscribed(on); }
-  ~Oversubscribed() { fd::setOversubscribed(was); }
+  ~Oversubscribed() { fd::setOversubscribed(was); }  // and learning spins, as by default
 };
 
 // Pauses for `span` of wall time, at most `most` times; returns how many.
@@ -80,4 +81,77 @@ TEST(Backoff, AProgressThreadWithACorePerRankDoesNotNapThatSoon) {
   });
   t.join();
   EXPECT_EQ(naps, 0u);
+}
+
+// SpinHint: how long a communicator's waits spin before yielding on more ranks than cores.
+TEST(SpinHint, AWaitThatEndsWhileSpinningDoublesTheBudgetUpToItsMost) {
+  fd::SpinHint h;
+  unsigned b = h.budget();
+  EXPECT_EQ(b, fd::SpinHint::kProbe);
+  h.record(b, b);  // ended on its last spinning poll
+  EXPECT_EQ(h.budget(), 2 * fd::SpinHint::kProbe);
+  for (int i = 0; i < 20; ++i) h.record(h.budget(), 1);
+  EXPECT_EQ(h.budget(), fd::SpinHint::kMax);
+}
+
+TEST(SpinHint, AWaitThatHadToYieldQuartersItAndAtZeroEveryFewWaitsProbe) {
+  fd::SpinHint h;
+  for (int i = 0; i < 20; ++i) h.record(h.budget(), 1);
+  h.record(fd::SpinHint::kMax, fd::SpinHint::kMax + 1);
+  EXPECT_EQ(h.budget(), fd::SpinHint::kMax / 4);
+  while (h.budget() > 0) h.record(h.budget(), h.budget() + 1);
+  int probes = 0;
+  for (unsigned i = 0; i < 4 * fd::SpinHint::kProbeEvery; ++i) {
+    const unsigned b = h.budget();
+    EXPECT_TRUE(b == 0 || b == fd::SpinHint::kProbe) << b;
+    probes += b > 0;
+    h.record(b, 1000);  // the probe had to yield as well: the budget stays 0
+  }
+  EXPECT_EQ(probes, 4);
+  h.record(0, 1);  // a wait that never spun teaches nothing
+  EXPECT_EQ(h.budget(), 0u);
+}
+
+TEST(SpinHint, ABackoffOnMoreRanksThanCoresRecordsItsWaitInTheHint) {
+  Oversubscribed over(true);
+  fd::SpinHint h;
+  {
+    fd::Backoff b(&h);
+    for (int i = 0; i < 3; ++i) b.pause();  // within the budget of kProbe polls
+  }
+  EXPECT_EQ(h.budget(), 2 * fd::SpinHint::kProbe);
+  {
+    fd::Backoff b(&h);
+    for (unsigned i = 0; i <= 2 * fd::SpinHint::kProbe; ++i) b.pause();  // one past it
+  }
+  EXPECT_EQ(h.budget(), 0u);  // a quarter of 2 kProbe is under kProbe
+  {
+    fd::Backoff b(&h);  // found its peers there: no pause, nothing learned
+  }
+  EXPECT_EQ(h.budget(), 0u);  // a quarter of 2 kProbe is under kProbe
+}
+
+TEST(SpinHint, IsNotConsultedWithACorePerRankNorWithFourdPollYieldNorOnAProgressThread) {
+  fd::SpinHint h;
+  {
+    Oversubscribed over(false);
+    fd::Backoff b(&h);
+    for (int i = 0; i < 1000; ++i) b.pause();
+  }
+  EXPECT_EQ(h.budget(), fd::SpinHint::kProbe);
+  {
+    Oversubscribed over(true);
+    fd::setOversubscribed(true, /*learnSpin=*/false);  // FOURD_POLL=yield
+    fd::Backoff b(&h);
+    for (int i = 0; i < 1000; ++i) b.pause();
+  }
+  EXPECT_EQ(h.budget(), fd::SpinHint::kProbe);
+  Oversubscribed over(true);
+  std::thread t([&] {
+    fd::markBackgroundThread();
+    fd::Backoff b(&h);
+    for (int i = 0; i < 1000; ++i) b.pause();
+  });
+  t.join();
+  EXPECT_EQ(h.budget(), fd::SpinHint::kProbe);
 }
