@@ -1,1 +1,1 @@
-.venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m fourd.bench -R 3 --json bench/results/default_np4.json --plot bench/results/default_np4.png
+.venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py -m fourd.bench -R 5 --json bench/results/default_np4.json --plot bench/results/default_np4.png

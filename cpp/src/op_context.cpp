@@ -156,10 +156,10 @@ void Backoff::pause() noexcept {
   // than cores: spin only for the budget the communicator's SpinHint learned, then yield. A
   // waiter that spins while its peer shares its core steals the time slice the peer needs to
   // make the progress it waits for; one whose peer runs on another core returns at once
-  // instead of handing its core to another rank for a slice (4 ranks on 2 cores, 1-4 KiB
-  // calls: 0.8x MPI's blocking collective yielding at once, 1.0-1.2x with the hint). MPI's
-  // non-blocking collectives only progress inside our MPI_Test calls, so the waiter must keep
-  // polling rather than sleep.
+  // instead of handing its core to another rank for a slice (4 ranks on 2 cores, flat and
+  // ring at 1-4 KiB: 0.74-0.88x MPI's blocking collective yielding at once, 0.97-1.16x with
+  // the hint; bench/README.md, "Polling"). MPI's non-blocking collectives only progress inside
+  // our MPI_Test calls, so the waiter must keep polling rather than sleep.
   // Only a wait that has lasted some 65k polls (tens of milliseconds: a peer that computes, or
   // is late) naps, so that it leaves the core to the computing ranks.
   //
