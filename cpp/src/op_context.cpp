@@ -133,22 +133,19 @@ Backoff::Backoff(SpinHint* hint) noexcept : hint_(hint) {
   }
 }
 
-Backoff::~Backoff() {
+Backoff::~Backoff() { finish(); }
+
+void Backoff::finish() noexcept {
   // A wait that never paused found its peers there already: it says nothing about spinning.
   if (hint_ != nullptr && polls_ > 0) hint_->record(spin_, polls_);
 }
 
-Backoff& Backoff::operator=(Backoff&& o) noexcept {
-  if (this != &o) {
-    if (hint_ != nullptr && polls_ > 0) hint_->record(spin_, polls_);
-    polls_ = o.polls_;
-    naps_ = o.naps_;
-    since_ = o.since_;
-    hint_ = o.hint_;
-    spin_ = o.spin_;
-    o.hint_ = nullptr;
-  }
-  return *this;
+void Backoff::restart() noexcept {
+  finish();
+  polls_ = 0;
+  naps_ = 0;
+  since_ = {};
+  if (hint_ != nullptr) spin_ = hint_->budget();
 }
 
 void Backoff::pause() noexcept {

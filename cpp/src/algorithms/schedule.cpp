@@ -229,7 +229,7 @@ void runConcurrently(const std::vector<Schedule*>& schedules, OpContext& ctx) {
     }
     if (allDone) return;
     if (progressed) {
-      backoff = Backoff();
+      backoff.restart();
       continue;
     }
     if (watch.expired()) {

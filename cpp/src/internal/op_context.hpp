@@ -26,9 +26,9 @@ Clock::time_point teardownDeadline() noexcept;
 /// threads and MPI state are not the child's, so teardown touches neither.
 bool forkedChild() noexcept;
 
-/// One operation in flight. Built by Communicator when the operation starts running.
 class SpinHint;
 
+/// One operation in flight. Built by Communicator when the operation starts running.
 struct OpContext {
   std::string op;         ///< "all_reduce", "all_gather", ...
   std::string axis;       ///< "x", "z+data", "world"
@@ -126,7 +126,8 @@ class Backoff {
   ~Backoff();
   Backoff(const Backoff&) = delete;
   Backoff& operator=(const Backoff&) = delete;
-  Backoff& operator=(Backoff&& o) noexcept;
+  /// Starts a new wait: what the one so far taught is recorded, and the count starts over.
+  void restart() noexcept;
   void pause() noexcept;
   /// How many of the pauses so far napped.
   unsigned naps() const noexcept { return naps_; }
@@ -136,7 +137,8 @@ class Backoff {
   unsigned naps_ = 0;
   Clock::time_point since_{};
   SpinHint* hint_ = nullptr;
-  unsigned spin_ = 0;  ///< polls to spin before yielding, with more ranks than cores
+  unsigned spin_ = 0;      ///< polls to spin before yielding, with more ranks than cores
+  void finish() noexcept;  ///< records the wait so far in the hint
 };
 
 }  // namespace fourd::detail
