@@ -1,1 +1,1 @@
-.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench -R 3 --json bench/results/default_np2.json --plot bench/results/default_np2.png
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench -R 5 --json bench/results/default_np2.json --plot bench/results/default_np2.png
