@@ -253,12 +253,16 @@ bool setPolling(const CoreShare& share) {
   const int ranksHere = share.ranks;
   const char* poll = std::getenv("FOURD_POLL");
   const std::string mode = poll ? poll : "auto";
+  detail::setFlagWaitsLearnSpin(false);
   if (mode == "spin") {
     detail::setOversubscribed(false);
   } else if (mode == "yield") {
     detail::setOversubscribed(true, /*learnSpin=*/false);
   } else if (mode == "auto" || mode.empty()) {
     detail::setOversubscribed(cores > 0 && ranksHere > cores);
+    // The flag waits spin for the budget too on up to twice as many ranks as cores
+    // (schedule.cpp, waitUntil).
+    detail::setFlagWaitsLearnSpin(cores > 0 && ranksHere <= 2 * cores);
   } else {
     throw InvalidArgument("FOURD_POLL: expected spin, yield or auto, found '" + mode + "'");
   }

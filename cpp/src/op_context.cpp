@@ -95,6 +95,7 @@ bool WaitWatch::expired() {
 namespace {
 std::atomic<bool> gOversubscribed{false};
 std::atomic<bool> gLearnSpin{true};
+std::atomic<bool> gFlagWaitsLearn{false};
 thread_local bool tBackground = false;
 }  // namespace
 
@@ -104,6 +105,12 @@ void setOversubscribed(bool yes, bool learnSpin) noexcept {
 }
 
 bool oversubscribed() noexcept { return gOversubscribed.load(std::memory_order_relaxed); }
+
+void setFlagWaitsLearnSpin(bool yes) noexcept {
+  gFlagWaitsLearn.store(yes, std::memory_order_relaxed);
+}
+
+bool flagWaitsLearnSpin() noexcept { return gFlagWaitsLearn.load(std::memory_order_relaxed); }
 
 void markBackgroundThread() noexcept { tBackground = true; }
 

@@ -260,7 +260,13 @@ void waitUntil(const std::function<bool()>& ready, const std::function<std::stri
       if ((looks & 15u) == 0 && Clock::now() >= until) break;
     }
   }
-  Backoff backoff;
+  // Where ranks outnumber cores, the flag waits of shm spin for their communicator's learned
+  // budget too, but only on up to twice as many ranks as cores (flagWaitsLearnSpin): 4 ranks on
+  // 2 cores, yielding at once made shm lose the tuning's exploration to the algorithms whose
+  // MPI waits spin (the 1-64 KiB sweep on x: shm run in 24-48 of 48 cells, against 38-48
+  // spinning); 8 ranks on 2 cores, the 8-rank layer tests took 63-76 s spinning against 61-65
+  // yielding at once (bench/README.md, "Polling").
+  Backoff backoff(flagWaitsLearnSpin() ? ctx.spin : nullptr);
   WaitWatch watch(ctx);
   while (!ready()) {
     if (watch.expired()) {

@@ -44,9 +44,10 @@
 //
 // No message crosses MPI: the only synchronisation is the flag barrier. It polls without
 // yielding for up to 50 us when every rank of the machine has a core of its own (a yield could
-// hand the core to another process for a whole time slice), otherwise it yields the core after
-// a few polls (ranks outnumber cores: the peer we wait for may need ours), and it has the op's
-// deadline like every other wait. Every rank reduces a different slice, so results are
+// hand the core to another process for a whole time slice); where ranks outnumber cores, up to
+// twice, it spins only for the budget its communicator learned (SpinHint, op_context.hpp: the
+// peer we wait for may need our core), then yields, and beyond that it yields at once; and it
+// has the op's deadline like every other wait. Every rank reduces a different slice, so results are
 // identical on all ranks; 16-bit floats accumulate all k inputs in float32 and round once.
 //
 // Buffer discipline. The barrier counter g of the window counts barriers since it was made. A

@@ -85,6 +85,12 @@ class WaitWatch {
 void setOversubscribed(bool yes, bool learnSpin = true) noexcept;
 bool oversubscribed() noexcept;
 
+/// Whether shared-memory flag waits (shm's barriers) also spin for their communicator's
+/// SpinHint budget where ranks outnumber cores; else they yield at once there. Set with the
+/// polling mode: only where the machine's ranks are at most twice its cores (grid.cpp).
+void setFlagWaitsLearnSpin(bool yes) noexcept;
+bool flagWaitsLearnSpin() noexcept;
+
 /// Marks the calling thread as a progress thread (executor.cpp: it runs operations in the
 /// background while their caller computes); its waits nap sooner on more ranks than cores.
 void markBackgroundThread() noexcept;

@@ -2,12 +2,14 @@
 // once its wait has lasted kBackgroundYield (each nap at least kBackgroundNapNs), and never
 // before; a caller's thread, or a progress thread with a core per rank, does not nap that soon
 // (they nap only after 65536 polls, which these tests stay below). SpinHint: the spin budget a
-// communicator's waits learn on more ranks than cores.
+// communicator's waits learn on more ranks than cores, which shared-memory flag waits use only
+// where flagWaitsLearnSpin says so.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
 
+#include "algorithms/schedule.hpp"
 #include "internal/op_context.hpp"
 
 namespace fd = fourd::detail;
@@ -154,4 +156,22 @@ TEST(SpinHint, IsNotConsultedWithACorePerRankNorWithFourdPollYieldNorOnAProgress
   });
   t.join();
   EXPECT_EQ(h.budget(), fd::SpinHint::kProbe);
+}
+
+TEST(SpinHint, FlagWaitsUseItOnlyWhereFlagWaitsLearnSpinSaysSo) {
+  Oversubscribed over(true);
+  fd::OpContext ctx;
+  ctx.start = Clock::now();
+  ctx.deadline = ctx.start + std::chrono::seconds(60);
+  const bool was = fd::flagWaitsLearnSpin();
+  for (const bool learn : {false, true}) {
+    fd::setFlagWaitsLearnSpin(learn);
+    fd::SpinHint h;
+    ctx.spin = &h;
+    int looks = 0;  // ready at the fourth look: three pauses, within the budget of kProbe polls
+    fd::waitUntil([&] { return ++looks >= 4; }, nullptr, ctx, /*spinMicros=*/0.0);
+    EXPECT_EQ(looks, 4);
+    EXPECT_EQ(h.budget(), learn ? 2 * fd::SpinHint::kProbe : fd::SpinHint::kProbe) << learn;
+  }
+  fd::setFlagWaitsLearnSpin(was);
 }
