@@ -246,8 +246,9 @@ CoreShare measureCoreShare(int nodeSize, int worldSize, detail::Backend& world, 
   return out;
 }
 
-// How waits poll: more ranks on this machine's cores than cores means yield at once. Returns
-// whether they do.
+// How waits poll (FOURD_POLL, docs/errors.md): with more ranks on this machine's cores than
+// cores, they spin only for their communicator's learned budget (op_context.hpp, SpinHint), or
+// yield at once with FOURD_POLL=yield. Returns whether ranks count as outnumbering cores.
 bool setPolling(const CoreShare& share) {
   const long cores = share.cores;
   const int ranksHere = share.ranks;
