@@ -645,6 +645,8 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
   char* out = static_cast<char*>(outV);
   const int k = w->k, me = w->me;
   // Round i handles piece i of every block: elements [i P, (i+1) P) of each, at j P in the buffer.
+  // reduceScatterOneChunk restates round 0 of this layout for one-chunk calls: a change to the
+  // slots or the piece offsets here must be made there too.
   const size_t P = std::max<size_t>(1, w->bufBytes / es / k);
   const Rounds R(B, P);
   const int m = R.n;
@@ -680,6 +682,9 @@ void shmReduceScatter(Schedule& s, ShmWindow& wr, const void* inV, void* outV, c
   reduce(m - 1);
 }
 
+// allGatherOneChunk restates this schedule's first round (copy in to my slot, barrier, copy
+// every peer's slot out) for one-chunk calls: a change to the window's slots here must be made
+// there too.
 void shmAllGather(Schedule& s, ShmWindow& wr, void* bufV, const Blocks& B, DataType t,
                   const void* mineV) {
   ShmWindow* w = &wr;
