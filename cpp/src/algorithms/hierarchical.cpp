@@ -209,13 +209,14 @@ void levelRS(Schedule& s, LevelAlgo a, ShmWindow* w, const void* in, void* out, 
   }
 }
 
-void levelAG(Schedule& s, LevelAlgo a, ShmWindow* w, void* buf, const Blocks& B, DataType t) {
+void levelAG(Schedule& s, LevelAlgo a, ShmWindow* w, void* buf, const Blocks& B, DataType t,
+             const void* mine = nullptr) {
   switch (a) {
     case LevelAlgo::kRing:
-      ringAllGather(s, buf, B, t);
+      ringAllGather(s, buf, B, t, mine);
       break;
     case LevelAlgo::kRhd:
-      rhdAllGather(s, buf, B, t);
+      rhdAllGather(s, buf, B, t, mine);
       break;
     case LevelAlgo::kShm:
       shmAllGather(s, *w, buf, B, t);
@@ -419,11 +420,17 @@ void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
     char* Tc = T + static_cast<size_t>(p) * c0 * es;
     char* myRail = Tc + static_cast<size_t>(L.l) * N * cm * es;
     char* myBlock = myRail + static_cast<size_t>(L.node) * cm * es;
-    sr.compute([=] { lv->copy(myBlock, src + c0 * es, cm * es); });
-    if (L.codec)
-      codecRingAllGather(sr, *L.codec, myRail, Blocks::uniform(cm, N), t, scratchE);
-    else
-      levelAG(sr, L.ea, L.w, myRail, Blocks::uniform(cm, N), t);
+    if (!L.codec && (L.ea == LevelAlgo::kRing || L.ea == LevelAlgo::kRhd)) {
+      // My block goes out from my input and is copied into T meanwhile (levels.hpp,
+      // ringAllGather: not the copy it has just written).
+      levelAG(sr, L.ea, L.w, myRail, Blocks::uniform(cm, N), t, src + c0 * es);
+    } else {
+      sr.compute([=] { lv->copy(myBlock, src + c0 * es, cm * es); });
+      if (L.codec)
+        codecRingAllGather(sr, *L.codec, myRail, Blocks::uniform(cm, N), t, scratchE);
+      else
+        levelAG(sr, L.ea, L.w, myRail, Blocks::uniform(cm, N), t);
+    }
     sr.compute([&railDone, c] { railDone[c] = 1; });
     si.waitUntil([&railDone, c] { return railDone[c] != 0; }, laggingLevel("rail all_gather", c));
     levelAG(si, L.ia, L.w, Tc, Blocks::uniform(static_cast<size_t>(N) * cm, k), t);

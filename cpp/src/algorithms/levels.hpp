@@ -59,7 +59,13 @@ size_t ringSegmentBytes();
 size_t ringReduceScatterScratch(const Blocks& blocks, size_t elemSize);
 void ringReduceScatter(Schedule& s, const void* in, void* out, const Blocks& blocks, DataType t,
                        ReduceOp op, void* scratch);
-void ringAllGather(Schedule& s, void* buf, const Blocks& blocks, DataType t);
+/// All-gather in place in `buf`. `mine`, where given, holds my own block, which is not in `buf`
+/// yet (an out-of-place call): the block is sent from there and copied into `buf` once the
+/// messages are posted. Sending the copy instead, the peer reads bytes this core has just
+/// written; on this kind of VM that ran 4-5x slower in some launches (bench/README.md,
+/// "Sending what was just copied"), as MPI's own out-of-place all_gather does.
+void ringAllGather(Schedule& s, void* buf, const Blocks& blocks, DataType t,
+                   const void* mine = nullptr);
 size_t ringAllReduceScratch(size_t count, int p, size_t elemSize);
 void ringAllReduce(Schedule& s, const void* in, void* out, size_t count, DataType t, ReduceOp op,
                    void* scratch);
@@ -68,7 +74,9 @@ void ringAllReduce(Schedule& s, const void* in, void* out, size_t count, DataTyp
 size_t rhdReduceScatterScratch(const Blocks& blocks, size_t elemSize);
 void rhdReduceScatter(Schedule& s, const void* in, void* out, const Blocks& blocks, DataType t,
                       ReduceOp op, void* scratch);
-void rhdAllGather(Schedule& s, void* buf, const Blocks& blocks, DataType t);
+/// As ringAllGather, `mine` included.
+void rhdAllGather(Schedule& s, void* buf, const Blocks& blocks, DataType t,
+                  const void* mine = nullptr);
 size_t rhdAllReduceScratch(size_t count, int p, size_t elemSize);
 /// Rabenseifner (halving + doubling) for large buffers, recursive doubling for small ones.
 void rhdAllReduce(Schedule& s, const void* in, void* out, size_t count, DataType t, ReduceOp op,

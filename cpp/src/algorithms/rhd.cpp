@@ -85,17 +85,25 @@ void halvingReduceScatter(Schedule& s, const Fold& f, const Offset& offset, cons
 
 // Recursive doubling over the virtual ranks, in place in `buf`: log2 pof2 steps at distance
 // 1, 2, ..., pof2/2 exchanging the range gathered so far. offset() as for halvingReduceScatter.
-template <class Offset>
-void doublingAllGather(Schedule& s, const Fold& f, const Offset& offset, char* buf, size_t es) {
+// `first`, where given, holds the bytes of my range for the first step (my own block, not yet
+// in `buf`), and `place` copies them into `buf` once that step's messages are posted.
+template <class Offset, class Place>
+void doublingAllGather(Schedule& s, const Fold& f, const Offset& offset, char* buf, size_t es,
+                       const char* first, const Place& place) {
   for (int d = 1; d < f.pof2; d *= 2) {
     const int pv = f.v ^ d;
     const int mlo = f.v & ~(d - 1), olo = pv & ~(d - 1);
     const size_t mo = offset(mlo), mn = offset(mlo + d) - mo;
     const size_t oo = offset(olo), on = offset(olo + d) - oo;
     s.recv(buf + oo * es, on * es, f.real(pv));
-    s.send(buf + mo * es, mn * es, f.real(pv));
+    s.send(d == 1 && first ? first : buf + mo * es, mn * es, f.real(pv));
+    if (d == 1 && first) place();
     s.waitAll();
   }
+}
+template <class Offset>
+void doublingAllGather(Schedule& s, const Fold& f, const Offset& offset, char* buf, size_t es) {
+  doublingAllGather(s, f, offset, buf, es, nullptr, [] {});
 }
 
 }  // namespace
@@ -146,25 +154,35 @@ void rhdReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B,
   }
 }
 
-void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t) {
+void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t, const void* mineV) {
   const int p = s.size(), r = s.rank();
-  if (p == 1) return;
   const size_t es = dataTypeSize(t);
   char* buf = static_cast<char*>(bufV);
+  const char* mine = static_cast<const char*>(mineV);
+  char* const own = buf + B.offset(r) * es;
+  const size_t ownBytes = B.count(r) * es;
+  const auto place = [&s, own, mine, ownBytes] {
+    if (mine) s.compute([=] { copyCached(own, mine, ownBytes); });
+  };
+  if (p == 1) return place();
   const Fold f(p, r);
   const size_t total = B.total();
   if (f.foldedOut()) {
-    s.send(buf + B.offset(r) * es, B.count(r) * es, r + 1);
+    // The whole result comes back, my block included: no copy of it.
+    s.send(mine ? mine : own, ownBytes, r + 1);
     s.waitAll();
     s.recv(buf, total * es, r + 1);
     s.waitAll();
     return;
   }
   if (f.hasPartner()) {
+    // My range holds the partner's block too: it is sent from buf.
     s.recv(buf + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
+    place();
     s.waitAll();
+    mine = nullptr;
   }
-  doublingAllGather(s, f, [&](int vr) { return B.offset(f.lo(vr)); }, buf, es);
+  doublingAllGather(s, f, [&](int vr) { return B.offset(f.lo(vr)); }, buf, es, mine, place);
   if (f.hasPartner()) {
     s.send(buf, total * es, r - 1);
     s.waitAll();

@@ -125,11 +125,18 @@ void ringReduceScatter(Schedule& s, const void* inV, void* outV, const Blocks& B
   s.waitAll();
 }
 
-void ringAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t) {
+void ringAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t, const void* mineV) {
   const int p = s.size(), r = s.rank();
-  if (p == 1) return;
   const size_t es = dataTypeSize(t);
   char* buf = static_cast<char*>(bufV);
+  const char* mine = static_cast<const char*>(mineV);
+  char* const own = buf + B.offset(r) * es;
+  if (p == 1) {
+    if (mine) s.compute([=] { copyCached(own, mine, B.count(r) * es); });
+    return;
+  }
+  // My block is only sent (step 0), never forwarded by me: send it from where it is.
+  const char* first = mine ? mine : own;
   const int right = (r + 1) % p, left = (r + p - 1) % p;
   // Step st sends block (r - st) and receives block (r - st - 1); every receive lands in its
   // own place of the output, so all are posted at once.
@@ -142,8 +149,9 @@ void ringAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t) {
   }
   {
     Segs g(B.count(r), es);
-    for (int j = 0; j < g.n; ++j) s.send(buf + (B.offset(r) + g.off(j)) * es, g.len(j) * es, right);
+    for (int j = 0; j < g.n; ++j) s.send(first + g.off(j) * es, g.len(j) * es, right);
   }
+  if (mine) s.compute([=] { copyCached(own, mine, B.count(r) * es); });
   for (int st = 0; st + 1 < p - 1; ++st) {
     const int rb = mod(static_cast<long>(r) - st - 1, p);  // forwarded at step st + 1
     Segs g(B.count(rb), es);

@@ -3,8 +3,8 @@
 // name, so they share these adapters.
 //
 //   all_reduce      scratch from slot 0 (the family's allReduceScratch), one schedule, run.
-//   all_gather      my input copied into its block of the output (unless it is already there),
-//                   then the family's all-gather in place over uniform blocks.
+//   all_gather      the family's all-gather in place over uniform blocks; out of place, my
+//                   block is sent from the input and copied into the output meanwhile.
 //   reduce_scatter  uniform blocks of the output's count, scratch from slot 0, one schedule.
 //                   Both families read my own block of the input only in the reduction that
 //                   writes my output (the same call all_reduce makes in place), so an in-place
@@ -25,7 +25,7 @@ struct LevelCollectives {
   size_t (*allReduceScratch)(size_t count, int p, size_t elemSize);
   void (*allReduce)(Schedule& s, const void* in, void* out, size_t count, DataType t, ReduceOp op,
                     void* scratch);
-  void (*allGather)(Schedule& s, void* buf, const Blocks& blocks, DataType t);
+  void (*allGather)(Schedule& s, void* buf, const Blocks& blocks, DataType t, const void* mine);
   size_t (*reduceScatterScratch)(const Blocks& blocks, size_t elemSize);
   void (*reduceScatter)(Schedule& s, const void* in, void* out, const Blocks& blocks, DataType t,
                         ReduceOp op, void* scratch);
@@ -60,10 +60,10 @@ struct WholeGroup {
   }
 
   static void allGather(Group& g, const Buffer& in, const Buffer& out, OpContext& ctx) {
-    const Buffer mine = out.slice(in.count * g.rank(), in.count);
-    if (mine.data != in.data) copyCached(mine.data, in.data, in.bytes());
+    const Buffer own = out.slice(in.count * g.rank(), in.count);
     Schedule s(g.backend(), ctx.tag);
-    L.allGather(s, out.data, Blocks::uniform(in.count, g.size()), in.dtype);
+    L.allGather(s, out.data, Blocks::uniform(in.count, g.size()), in.dtype,
+                own.data != in.data ? in.data : nullptr);
     s.run(ctx);
   }
 
