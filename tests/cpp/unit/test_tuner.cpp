@@ -29,13 +29,13 @@ const Tuner::Key kKey{0, size_t(1) << 20, 0};
 
 TEST(Tuner, ShortlistIsTheChoiceThenRivalsWithinTheWindowByPrediction) {
   const std::vector<Prediction> preds = {
-      pred(Algorithm::kFlat, 2.1), pred(Algorithm::kRing, 1.9), pred(Algorithm::kRhd, 1.2),
+      pred(Algorithm::kFlat, 4.1), pred(Algorithm::kRing, 3.9), pred(Algorithm::kRhd, 1.2),
       pred(Algorithm::kHierarchical, 1.0, false), pred(Algorithm::kShm, 1.0)};
   const auto s = Tuner::shortlist(preds, Algorithm::kShm, size_t(1) << 20);
   ASSERT_EQ(s.size(), 3u);
   EXPECT_EQ(s[0], Algorithm::kShm);
   EXPECT_EQ(s[1], Algorithm::kRhd);   // 1.2x
-  EXPECT_EQ(s[2], Algorithm::kRing);  // 1.9x; flat (2.1x) and unsupported hierarchical are out
+  EXPECT_EQ(s[2], Algorithm::kRing);  // 3.9x; flat (4.1x) and unsupported hierarchical are out
 }
 
 TEST(Tuner, ShortlistKeepsAtMostFourAndIsAloneWithoutRivals) {
@@ -48,12 +48,12 @@ TEST(Tuner, ShortlistKeepsAtMostFourAndIsAloneWithoutRivals) {
   EXPECT_EQ(s[1], Algorithm::kFlat);  // ties keep enum order: the same on every rank
   EXPECT_EQ(s[2], Algorithm::kRing);
   EXPECT_EQ(s[3], Algorithm::kHierarchical);  // shm, the fifth, is left out
-  const std::vector<Prediction> far = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 2.1)};
+  const std::vector<Prediction> far = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 4.1)};
   EXPECT_EQ(Tuner::shortlist(far, Algorithm::kFlat, size_t(1) << 20),
             std::vector<Algorithm>{Algorithm::kFlat});
   // Below 256 KiB every supported algorithm is tried, whatever the model predicts.
   const std::vector<Prediction> small = {pred(Algorithm::kFlat, 1.0), pred(Algorithm::kRing, 9.0),
-                                         pred(Algorithm::kRhd, 2.5),
+                                         pred(Algorithm::kRhd, 4.5),
                                          pred(Algorithm::kHierarchical, 1.0, false)};
   EXPECT_EQ(Tuner::shortlist(small, Algorithm::kFlat, 4096),
             (std::vector<Algorithm>{Algorithm::kFlat, Algorithm::kRhd, Algorithm::kRing}));
