@@ -1166,9 +1166,10 @@ def test_the_estimate_prices_autos_exploration():
     assert explore_seconds(1024, four, "ring") == pytest.approx(640e-5)
     assert explore_seconds(1 << 20, four, "ring") == pytest.approx(112e-5)
     assert explore_seconds(16 << 20, four, "ring") == pytest.approx(72e-5)
-    # Above 256 KiB only the candidates within 2x of the choice explore.
+    # Above 256 KiB only the candidates within 4x of the choice explore.
     slow = dict(four, shm=1e-3)
     assert explore_seconds(1 << 20, slow, "ring") == pytest.approx(84e-5)
+    assert explore_seconds(1 << 20, dict(four, shm=3e-5), "ring") == pytest.approx(168e-5)
     assert explore_seconds(1 << 20, {"ring": 1e-5, "auto": 1e-5}, "ring") == 0.0
 
 

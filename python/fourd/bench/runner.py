@@ -100,7 +100,7 @@ def explore_seconds(nbytes: int, times: dict, choice) -> float:
     candidate of its shortlist, two passes of untimed and timed calls, at the candidate's
     predicted time. The shortlist and the counts are docs/algorithms.md's ("Tuning in use",
     steps 1 and 2; cpp/src/internal/tuner.hpp): below 256 KiB every supported algorithm, 16
-    untimed and 64 timed calls; above, the algorithms predicted within 2x of the choice, four
+    untimed and 64 timed calls; above, the algorithms predicted within 4x of the choice, four
     at most, 2 untimed calls below 4 MiB (as many as carry 96 MiB, 2 to 6, from 4 MiB) and
     timed calls carrying 12 MiB (3 to 12). Grid.tuning reports these only once a size has
     been called ("explore_calls"), so the estimate states them here; a native figure before
@@ -113,7 +113,7 @@ def explore_seconds(nbytes: int, times: dict, choice) -> float:
     if nbytes < 256 * 1024:
         shortlist, untimed, timed = list(algs.values()), 16, 64
     else:
-        shortlist = sorted(t for t in algs.values() if t <= 2.0 * best)[:4]
+        shortlist = sorted(t for t in algs.values() if t <= 4.0 * best)[:4]
         untimed = 2 if nbytes < 4 * mib else min(6, max(2, 96 * mib // nbytes))
         timed = min(12, max(3, 12 * mib // max(nbytes, 1)))
     if len(shortlist) < 2:
