@@ -101,10 +101,6 @@ void doublingAllGather(Schedule& s, const Fold& f, const Offset& offset, char* b
     s.waitAll();
   }
 }
-template <class Offset>
-void doublingAllGather(Schedule& s, const Fold& f, const Offset& offset, char* buf, size_t es) {
-  doublingAllGather(s, f, offset, buf, es, nullptr, [] {});
-}
 
 }  // namespace
 
@@ -175,14 +171,16 @@ void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t, const vo
     s.waitAll();
     return;
   }
+  // The first doubling step sends my range: my block, from where it is, unless the range holds
+  // the partner's block too (then it is sent from buf, my block placed there first).
+  const char* first = mine;
   if (f.hasPartner()) {
-    // My range holds the partner's block too: it is sent from buf.
     s.recv(buf + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
     place();
     s.waitAll();
-    mine = nullptr;
+    first = nullptr;
   }
-  doublingAllGather(s, f, [&](int vr) { return B.offset(f.lo(vr)); }, buf, es, mine, place);
+  doublingAllGather(s, f, [&](int vr) { return B.offset(f.lo(vr)); }, buf, es, first, place);
   if (f.hasPartner()) {
     s.send(buf, total * es, r - 1);
     s.waitAll();
@@ -242,7 +240,7 @@ void rhdAllReduce(Schedule& s, const void* inV, void* outV, size_t count, DataTy
     // The last step leaves my virtual block reduced in place in `out`.
     halvingReduceScatter(s, f, offset, src, acc, tmp, out + V.offset(f.v) * es, es, t, op);
     // Doubling all-gather of the virtual blocks, in place in `out`.
-    doublingAllGather(s, f, offset, out, es);
+    doublingAllGather(s, f, offset, out, es, nullptr, [] {});
   }
   if (f.hasPartner()) {
     s.send(out, n, r - 1);
