@@ -15,6 +15,7 @@
 #include "internal/comm_state.hpp"
 #include "internal/compression.hpp"
 #include "internal/device_path.hpp"
+#include "internal/mpi_backend.hpp"
 #include "internal/op_spec.hpp"
 #include "internal/reduce_kernels.hpp"
 
@@ -263,10 +264,7 @@ void runStep(CommState& s, const OpSpec& spec, const Tuner::Step& step, OpContex
   tuner.settleSamples(key, spec.profile, common, placing);
 }
 
-struct FreeDeleter {
-  void operator()(void* p) const noexcept { std::free(p); }
-};
-using TrialStorage = std::unique_ptr<void, FreeDeleter>;
+using TrialStorage = std::shared_ptr<void>;
 
 // The buffers an upfront exploration runs on: the call's own where running it again and again
 // leaves its result as one run would (an out-of-place call rewrites its output from an input
@@ -279,9 +277,7 @@ OpSpec trialSpec(const OpSpec& spec, TrialStorage& hold) {
       spec.coll == Collective::kAllReduce ? spec.in.data == spec.out.data : spec.inPlace;
   if (spec.coll == Collective::kAllGather || !inPlace) return t;
   const size_t bytes = spec.in.bytes();  // in place: the input holds the output
-  hold.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-  if (!hold) throw std::bad_alloc();
-  std::memset(hold.get(), 0, bytes);
+  hold = allocateHostLike(bytes, spec.in.data, bytes);
   char* base = static_cast<char*>(hold.get());
   t.in.data = base;
   t.out.data =
@@ -298,9 +294,7 @@ OpSpec otherPlacementSpec(const OpSpec& spec, int rank, TrialStorage& hold) {
   const size_t inBytes = spec.in.bytes(), outBytes = spec.out.bytes();
   auto round = [](size_t b) { return (b + 63) / 64 * 64; };
   const size_t total = in ? std::max(inBytes, outBytes) : round(inBytes) + round(outBytes);
-  hold.reset(std::aligned_alloc(64, std::max<size_t>(64, round(total))));
-  if (!hold) throw std::bad_alloc();
-  std::memset(hold.get(), 0, total);
+  hold = allocateHostLike(total, spec.out.data, outBytes);
   char* base = static_cast<char*>(hold.get());
   t.call.inPlace = in;
   t.inPlace = in && spec.coll == Collective::kReduceScatter;

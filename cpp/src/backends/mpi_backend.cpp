@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <sstream>
+#include <string>
 
 #include "fourd/error.hpp"
 #include "internal/reduce_kernels.hpp"
@@ -768,6 +770,52 @@ std::shared_ptr<void> allocateHost(size_t bytes) {
   if (!p) throw Error("fourd: out of memory allocating " + std::to_string(cap) + " scratch bytes");
 #ifdef MADV_HUGEPAGE
   if (cap >= kHugePage) (void)madvise(p, cap, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
+  std::memset(p, 0, cap);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+bool onHugePages(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  if (!smaps) return false;
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    // A mapping's first line: "start-end perms offset dev inode [path]", addresses in hex.
+    const size_t dash = line.find('-');
+    const size_t space = line.find(' ');
+    if (dash != std::string::npos && space != std::string::npos && dash < space &&
+        line.find(':') > space) {
+      if (inside) return false;  // the mapping's fields ended without either sign
+      const uintptr_t lo = std::strtoull(line.c_str(), nullptr, 16);
+      const uintptr_t hi = std::strtoull(line.c_str() + dash + 1, nullptr, 16);
+      inside = lo <= addr && addr < hi;
+      continue;
+    }
+    if (!inside) continue;
+    if (line.rfind("AnonHugePages:", 0) == 0 && std::strtoull(line.c_str() + 14, nullptr, 10) > 0)
+      return true;
+    if (line.rfind("THPeligible:", 0) == 0) return std::strtol(line.c_str() + 12, nullptr, 10) == 1;
+  }
+  return false;
+}
+
+std::shared_ptr<void> allocateHostLike(size_t bytes, const void* like, size_t likeBytes) {
+  constexpr size_t kHugePage = size_t(2) << 20;
+  const bool large = bytes >= kHugePage;
+  const size_t align = large ? kHugePage : 64;
+  const size_t cap = std::max(align, (bytes + align - 1) / align * align);
+  void* p = std::aligned_alloc(align, cap);
+  if (!p) throw Error("fourd: out of memory allocating " + std::to_string(cap) + " bytes");
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+  if (large) {
+    const bool huge = onHugePages(static_cast<const char*>(like) + likeBytes / 2);
+    (void)madvise(p, cap, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // advice: failure is harmless
+  }
+#else
+  (void)like;
+  (void)likeBytes;
 #endif
   std::memset(p, 0, cap);
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
