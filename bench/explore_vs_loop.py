@@ -6,9 +6,10 @@
 out-of-place all_gather on x from 16 KiB to 1 MiB. For each size: `auto`'s first calls, until its
 tuning has settled (the exploration, and the re-check of a switch, inside those calls), then its
 figures per candidate (Grid.explain's tuning: each candidate's better pass median of the slowest
-rank's per-call time); then `auto` and each algorithm in a loop of 300 calls, 3 rounds in turn,
-timed as the bench times a cell (the slowest rank's per-call time; mean and median over the
-calls, the median round). `auto / best`: auto's loop mean over the fastest algorithm's.
+rank's per-call time); then `auto` and each algorithm in a loop of 300 calls, 3 rounds in turn
+(the order rotating from round to round), timed as the bench times a cell (the slowest rank's
+per-call time; mean and median over the calls, the median round). `auto / best`: auto's loop
+mean over the fastest algorithm's.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def main() -> int:
         tu = g.explain("all_gather", size, "x", dtype="float32", in_place=False)["tuning"]
         explored = dict(zip(tu["candidates"], [m * 1e6 for m in tu["measured_s"]]))
         loop = {alg: [] for alg in LOOP}
-        for _ in range(3):
-            for alg in LOOP:
+        for rnd in range(3):
+            for alg in LOOP[rnd:] + LOOP[:rnd]:  # the order rotates from round to round
                 for _ in range(10):
                     fourd.all_gather(out, inp, axis="x", algorithm=alg)
                 WORLD.Barrier()
