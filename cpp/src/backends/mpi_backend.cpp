@@ -757,6 +757,28 @@ MPI_Comm mpiHandle(const Backend& b) noexcept {
   return m ? m->handle() : MPI_COMM_NULL;
 }
 
+namespace {
+
+constexpr size_t kHugePage = size_t(2) << 20;
+
+// `cap` bytes of zeros, every page written now: from kHugePage, huge-page aligned and advised
+// `huge` (for huge pages, else against them); below, 64-byte aligned. `what` names them in
+// the error.
+std::shared_ptr<void> zeroedHost(size_t cap, bool huge, const char* what) {
+  const bool large = cap >= kHugePage;
+  void* p = std::aligned_alloc(large ? kHugePage : 64, cap);
+  if (!p) throw Error("fourd: out of memory allocating " + std::to_string(cap) + what);
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+  if (large) (void)madvise(p, cap, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // failure: harmless
+#else
+  (void)huge;
+#endif
+  std::memset(p, 0, cap);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+}  // namespace
+
 std::shared_ptr<void> allocateHost(size_t bytes) {
   size_t cap = 64;
   while (cap < bytes) cap *= 2;
@@ -764,15 +786,7 @@ std::shared_ptr<void> allocateHost(size_t bytes) {
   // in the first collectives that touch them (and to be collapsed into huge pages later by
   // the kernel), new scratch made ring and rhd read up to 1.6x slow for seconds after they
   // first ran at a larger size.
-  constexpr size_t kHugePage = size_t(2) << 20;
-  const size_t align = cap >= kHugePage ? kHugePage : 64;
-  void* p = std::aligned_alloc(align, cap);
-  if (!p) throw Error("fourd: out of memory allocating " + std::to_string(cap) + " scratch bytes");
-#ifdef MADV_HUGEPAGE
-  if (cap >= kHugePage) (void)madvise(p, cap, MADV_HUGEPAGE);  // advice: failure is harmless
-#endif
-  std::memset(p, 0, cap);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  return zeroedHost(cap, true, " scratch bytes");
 }
 
 bool onHugePages(const void* p) {
@@ -802,23 +816,10 @@ bool onHugePages(const void* p) {
 }
 
 std::shared_ptr<void> allocateHostLike(size_t bytes, const void* like, size_t likeBytes) {
-  constexpr size_t kHugePage = size_t(2) << 20;
-  const bool large = bytes >= kHugePage;
-  const size_t align = large ? kHugePage : 64;
-  const size_t cap = std::max(align, (bytes + align - 1) / align * align);
-  void* p = std::aligned_alloc(align, cap);
-  if (!p) throw Error("fourd: out of memory allocating " + std::to_string(cap) + " bytes");
-#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
-  if (large) {
-    const bool huge = onHugePages(static_cast<const char*>(like) + likeBytes / 2);
-    (void)madvise(p, cap, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // advice: failure is harmless
-  }
-#else
-  (void)like;
-  (void)likeBytes;
-#endif
-  std::memset(p, 0, cap);
-  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  if (bytes < kHugePage)
+    return zeroedHost(std::max<size_t>(64, (bytes + 63) / 64 * 64), false, " bytes");
+  const size_t cap = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  return zeroedHost(cap, onHugePages(static_cast<const char*>(like) + likeBytes / 2), " bytes");
 }
 
 }  // namespace fourd::detail
