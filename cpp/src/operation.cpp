@@ -15,7 +15,7 @@
 #include "internal/comm_state.hpp"
 #include "internal/compression.hpp"
 #include "internal/device_path.hpp"
-#include "internal/mpi_backend.hpp"
+#include "internal/host_memory.hpp"
 #include "internal/op_spec.hpp"
 #include "internal/reduce_kernels.hpp"
 

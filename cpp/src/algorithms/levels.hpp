@@ -51,6 +51,23 @@ inline bool oneRankAllReduce(Schedule& s, const void* in, void* out, size_t byte
   return true;
 }
 
+/// My block of an all-gather in place in `buf`, and where it comes from: `mine` out of place
+/// (not in `buf` yet), else its place in `buf`. ring and rhd send it from `source` and queue
+/// `place` (the copy into `buf`, nothing in place) once their first messages are posted.
+struct OwnBlock {
+  OwnBlock(char* buf, const Blocks& blocks, int rank, size_t elemSize, const void* mine)
+      : at(buf + blocks.offset(rank) * elemSize),
+        mine(static_cast<const char*>(mine)),
+        bytes(blocks.count(rank) * elemSize) {}
+  const char* source() const noexcept { return mine ? mine : at; }
+  void place(Schedule& s) const {
+    if (mine) s.compute([to = at, from = mine, n = bytes] { copyCached(to, from, n); });
+  }
+  char* at;
+  const char* mine;
+  size_t bytes;
+};
+
 // ---- ring (ring.cpp) ----
 /// Raw bytes of one message segment of a ring step (FOURD_RING_SEGMENT_BYTES, 1 MiB by
 /// default): ring.cpp and codec_ring.cpp pipeline their steps in segments of this size.

@@ -154,18 +154,14 @@ void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t, const vo
   const int p = s.size(), r = s.rank();
   const size_t es = dataTypeSize(t);
   char* buf = static_cast<char*>(bufV);
-  const char* mine = static_cast<const char*>(mineV);
-  char* const own = buf + B.offset(r) * es;
-  const size_t ownBytes = B.count(r) * es;
-  const auto place = [&s, own, mine, ownBytes] {
-    if (mine) s.compute([=] { copyCached(own, mine, ownBytes); });
-  };
+  const OwnBlock own(buf, B, r, es, mineV);
+  const auto place = [&s, &own] { own.place(s); };
   if (p == 1) return place();
   const Fold f(p, r);
   const size_t total = B.total();
   if (f.foldedOut()) {
     // The whole result comes back, my block included: no copy of it.
-    s.send(mine ? mine : own, ownBytes, r + 1);
+    s.send(own.source(), own.bytes, r + 1);
     s.waitAll();
     s.recv(buf, total * es, r + 1);
     s.waitAll();
@@ -173,7 +169,7 @@ void rhdAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t, const vo
   }
   // The first doubling step sends my range: my block, from where it is, unless the range holds
   // the partner's block too (then it is sent from buf, my block placed there first).
-  const char* first = mine;
+  const char* first = own.mine;
   if (f.hasPartner()) {
     s.recv(buf + B.offset(r - 1) * es, B.count(r - 1) * es, r - 1);
     place();

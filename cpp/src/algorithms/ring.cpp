@@ -129,15 +129,10 @@ void ringAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t, const v
   const int p = s.size(), r = s.rank();
   const size_t es = dataTypeSize(t);
   char* buf = static_cast<char*>(bufV);
-  const char* mine = static_cast<const char*>(mineV);
-  char* const own = buf + B.offset(r) * es;
-  const size_t ownBytes = B.count(r) * es;
-  const auto place = [&s, own, mine, ownBytes] {
-    if (mine) s.compute([=] { copyCached(own, mine, ownBytes); });
-  };
-  if (p == 1) return place();
+  const OwnBlock own(buf, B, r, es, mineV);
+  if (p == 1) return own.place(s);
   // My block is only sent (step 0), never forwarded by me: send it from where it is.
-  const char* first = mine ? mine : own;
+  const char* first = own.source();
   const int right = (r + 1) % p, left = (r + p - 1) % p;
   // Step st sends block (r - st) and receives block (r - st - 1); every receive lands in its
   // own place of the output, so all are posted at once.
@@ -152,7 +147,7 @@ void ringAllGather(Schedule& s, void* bufV, const Blocks& B, DataType t, const v
     Segs g(B.count(r), es);
     for (int j = 0; j < g.n; ++j) s.send(first + g.off(j) * es, g.len(j) * es, right);
   }
-  place();
+  own.place(s);
   for (int st = 0; st + 1 < p - 1; ++st) {
     const int rb = mod(static_cast<long>(r) - st - 1, p);  // forwarded at step st + 1
     Segs g(B.count(rb), es);

@@ -1,4 +1,4 @@
-// Host memory for scratch and for tuning's explorations (internal/mpi_backend.hpp): large
+// Host memory for scratch and for tuning's explorations (internal/host_memory.hpp): large
 // buffers are paged like the memory they stand in for, because at 64 MiB every algorithm ran
 // 1.6-2.2x slower on small pages than on huge ones.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "internal/mpi_backend.hpp"
+#include "internal/host_memory.hpp"
 
 namespace {
 
