@@ -7,9 +7,10 @@ never-behind-MPI criterion (docs/benchmark.md).
     python bench/vs_mpi.py bench/results/default_np4.json.gz [--floor 0.95]
 
 The noise is what the same code measures twice in one run: auto's cell against the cell of the
-algorithm it ran (the bench's "run noise" line), and, with 3 or more rounds, each cell's
-spread between its rounds (max / min of the round times of MPI's own cell, whose code fourd
-does not change).
+algorithm it ran (the bench's "run noise" line, and the same statistic as the table's,
+t_algorithm / t_auto per size, whose spread around 1.0 is how far the table's figures move
+with no difference in code), and, with 3 or more rounds, each cell's spread between its rounds
+(max / min of the round times of MPI's own cell, whose code fourd does not change).
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ def cells(rows):
     return out
 
 
+def same_code(rows):
+    """{(collective, size): [t_algorithm / t_auto]} over the cells where every group of the
+    axis ran one algorithm and the row has that algorithm's own cell: the same code timed twice
+    in one run."""
+    by = {}
+    for r in rows:
+        if r["library"] == "fourd":
+            k = (r["collective"], r["size_bytes"], r["axis"], r["in_place"], r["dtype"], r["op"])
+            by.setdefault(k, {})[r["algorithm"]] = r
+    out = {}
+    for k, v in by.items():
+        a = v.get("auto")
+        ran = set(a.get("auto_choices") or [a.get("auto_choice")]) if a else set()
+        if len(ran) == 1 and (alg := ran.pop()) in v:
+            out.setdefault(k[:2], []).append(v[alg]["time_us"] / a["time_us"])
+    return out
+
+
 def round_spread(rounds):
     rounds = [t for t in rounds or [] if t]
     return max(rounds) / min(rounds) if len(rounds) >= 2 else None
@@ -90,6 +109,14 @@ def main(argv=None):
         print(
             "# run noise (auto's cell vs the cell of the algorithm it ran, same code): median "
             f"{ac['same_algorithm_diff_median']:.1%}, largest {ac['same_algorithm_diff_max']:.1%}"
+        )
+    aa = [gmean(v) for v in same_code(doc["rows"]).values()]
+    if aa:
+        print(
+            "# the same code timed twice (the cell of the algorithm auto ran / auto's cell), "
+            f"geometric mean per collective and size: {min(aa):.2f}-{max(aa):.2f}; "
+            f"under 1.00 in {sum(x < 1 for x in aa)} of {len(aa)}, under 0.95 in "
+            f"{sum(x < 0.95 for x in aa)}"
         )
     spreads = [round_spread(v[3]) for v in cs.values()]
     spreads = [x for x in spreads if x]
