@@ -1,0 +1,1 @@
+.venv/bin/mpiexec -n 2 .venv/bin/python -m mpi4py -m fourd.bench --grid x=2 --ranks-per-node 2 --axis world --collective all_gather -b 16M -e 64M -f 2 -R 5 --algorithm auto,shm,rhd,flat --baseline mpi --json bench/results/onenode_np2_all_gather_large_b.json > bench/results/onenode_np2_all_gather_large_b.txt
