@@ -39,12 +39,17 @@ def fmt_size(n):
     return str(n)
 
 
+def cell_key(r):
+    """A row's cell: (collective, size, axis, in_place, dtype, op)."""
+    return (r["collective"], r["size_bytes"], r["axis"], r["in_place"], r["dtype"], r["op"])
+
+
 def cells(rows):
     """{(collective, size, axis, in_place, dtype, op): (t_auto, t_mpi, auto_ran, mpi_rounds)};
     auto_ran names every algorithm the axis's groups ran (a|b where they settled differently)."""
     by = {}
     for r in rows:
-        k = (r["collective"], r["size_bytes"], r["axis"], r["in_place"], r["dtype"], r["op"])
+        k = cell_key(r)
         if r["library"] == "fourd" and r["algorithm"] == "auto":
             by.setdefault(k, {})["auto"] = r
         elif r["library"] == "mpi":
@@ -65,8 +70,7 @@ def same_code(rows):
     by = {}
     for r in rows:
         if r["library"] == "fourd":
-            k = (r["collective"], r["size_bytes"], r["axis"], r["in_place"], r["dtype"], r["op"])
-            by.setdefault(k, {})[r["algorithm"]] = r
+            by.setdefault(cell_key(r), {})[r["algorithm"]] = r
     out = {}
     for k, v in by.items():
         a = v.get("auto")

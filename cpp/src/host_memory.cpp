@@ -1,3 +1,4 @@
+// Host memory for fourd's own buffers (internal/host_memory.hpp).
 #include "internal/host_memory.hpp"
 
 #include <sys/mman.h>
